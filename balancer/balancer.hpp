@@ -1,0 +1,64 @@
+// Batch-size balancers: consume one report per iteration for all workers, return the next batch vector.
+// Pure C++ (no MPI, no I/O); the runtime's BatchSizeManager on rank 0 and the simulator drive them alike.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lbbsp::balancer {
+
+// GPU-like cost of a batch: flat below the saturation batch, linear above it.
+struct TimeCurve {
+  double floor_s = 0.0;           // time for any batch <= sat_batch
+  double sat_batch = 0.0;         // samples
+  double slope_s_per_sample = 0;  // above sat_batch
+  double time(double b) const { return b <= 0 ? 0.0 : floor_s + (b > sat_batch ? (b - sat_batch) * slope_s_per_sample : 0.0); }
+};
+
+struct WorkerReport {
+  int64_t batch = 0;               // samples processed this iteration
+  double compute_s = 0.0;          // compute time (excluding waiting)
+  std::vector<double> exo;         // exogenous metrics measured for this iteration (cpu avail, mem avail, ...)
+  std::vector<double> exo_next;    // exogenous inputs already known for the coming iteration (may be empty)
+  int64_t mem_cap = std::numeric_limits<int64_t>::max();  // most samples this worker can hold
+  // Emulation ground truth, used by the oracle only (NaN / zero curve when unknown):
+  double capacity = std::numeric_limits<double>::quiet_NaN();       // this iteration's capacity factor
+  double capacity_next = std::numeric_limits<double>::quiet_NaN();  // the coming iteration's
+  TimeCurve curve_next;                                             // GPU profile of the coming iteration
+};
+
+struct IterationReport {
+  int64_t iteration = 0;
+  std::vector<WorkerReport> workers;
+};
+
+struct BalancerConfig {
+  std::string name = "bsp";       // bsp | static[:K] | random:SEED | lbbsp-cpu | lbbsp-gpu | lbbsp-gpu-model | oracle
+  std::string predictor = "narx";  // for lbbsp-cpu
+  int workers = 1;
+  int64_t global_batch = 0;
+  int64_t min_batch = 0;           // per worker
+  int num_exo = 0;                 // length of WorkerReport::exo
+  uint64_t seed = 0;
+};
+
+class Balancer {
+ public:
+  virtual ~Balancer() = default;
+  virtual std::string name() const = 0;
+  // Batch vector for the first iteration (before any report).
+  virtual std::vector<int64_t> initial() = 0;
+  // Batch vector for the next iteration given this one's report. Always sums to X and respects the bounds.
+  virtual std::vector<int64_t> next(const IterationReport& report) = 0;
+  // Speeds (samples/s) predicted for the coming iteration, per worker (empty when the balancer has none).
+  virtual std::vector<double> predicted_speeds() const { return {}; }
+  virtual std::string save_state() const = 0;
+  virtual void load_state(const std::string& state) = 0;
+};
+
+// Throws std::invalid_argument naming the bad name or value.
+std::unique_ptr<Balancer> make_balancer(const BalancerConfig& cfg);
+
+}  // namespace lbbsp::balancer

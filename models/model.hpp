@@ -1,0 +1,65 @@
+// Model interface: pure compute over one flat float parameter buffer and one flat gradient buffer.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lbbsp::models {
+
+// Shape of one input sample (channels, height, width); dense models use the flattened size.
+struct InputShape {
+  int channels = 1;
+  int height = 28;
+  int width = 28;
+  int size() const { return channels * height * width; }
+};
+
+// One named tensor inside the flat parameter buffer (stable names, used by --save-params).
+struct TensorInfo {
+  std::string name;
+  size_t offset = 0;  // in floats
+  std::vector<int> shape;
+  size_t size() const;
+};
+
+// Sums over the samples of a slice: callers add them across ranks before dividing by the global batch.
+struct StepStats {
+  double loss_sum = 0.0;
+  int64_t correct = 0;
+};
+
+struct ModelConfig {
+  std::string kind = "mlp";             // logreg | mlp | cnn
+  InputShape input;                     // from the dataset
+  int classes = 10;                     // from the dataset
+  std::vector<int> hidden = {256, 128};  // MLP widths
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual std::string name() const = 0;
+  virtual size_t num_params() const = 0;
+  virtual std::vector<TensorInfo> tensors() const = 0;
+  // Deterministic initialisation for a seed (same on every rank).
+  virtual void init_params(float* params, uint64_t seed) const = 0;
+  // x: n samples of input.size() floats; y: n labels. ADDS the SUM over samples of the gradient to grad
+  // (caller zeroes it). n may be 0. Returns the summed loss and correct count.
+  virtual StepStats forward_backward(const float* params, const float* x, const uint8_t* y, int n,
+                                     float* grad) = 0;
+  // Forward only (evaluation).
+  virtual StepStats evaluate(const float* params, const float* x, const uint8_t* y, int n) = 0;
+  // FLOPs of one forward+backward sample (for GFLOP/s reports).
+  virtual double flops_per_sample() const = 0;
+};
+
+// Throws std::invalid_argument naming the bad field (unknown kind, CNN on a non-image input, ...).
+std::unique_ptr<Model> make_model(const ModelConfig& cfg);
+
+// Threads used by our kernels and by the BLAS underneath (--threads).
+void set_num_threads(int n);
+int num_threads();
+
+}  // namespace lbbsp::models

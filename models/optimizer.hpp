@@ -1,0 +1,37 @@
+// SGD with momentum and weight decay, and learning-rate schedules. Gradients arrive as SUMS over the global batch.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace lbbsp::models {
+
+struct LrSchedule {
+  std::string kind = "constant";  // constant | step | cosine
+  double base_lr = 0.05;
+  int64_t warmup_iterations = 0;  // linear warm-up from 0 to base_lr
+  int64_t total_iterations = 0;   // cosine: length of the decay
+  int64_t step_every = 0;         // step: decay interval in iterations
+  double step_gamma = 0.1;        // step: factor per interval
+  double lr_at(int64_t iteration) const;
+};
+
+// Parses "constant", "step:EVERY:GAMMA", "cosine"; throws std::invalid_argument naming the spec.
+LrSchedule parse_lr_schedule(const std::string& spec, double base_lr, int64_t warmup, int64_t total);
+
+class Sgd {
+ public:
+  Sgd(size_t num_params, double momentum, double weight_decay);
+  // w -= lr * (grad_sum / global_batch + wd * w), with momentum. Identical on every rank.
+  void step(float* params, const float* grad_sum, int64_t global_batch, double lr);
+  std::vector<float>& velocity() { return velocity_; }
+  const std::vector<float>& velocity() const { return velocity_; }
+
+ private:
+  double momentum_;
+  double weight_decay_;
+  std::vector<float> velocity_;
+};
+
+}  // namespace lbbsp::models

@@ -1,0 +1,31 @@
+// Speed predictors: one state per worker, one-step-ahead. Pure C++ (no MPI, no I/O).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace lbbsp::predictors {
+
+class Predictor {
+ public:
+  virtual ~Predictor() = default;
+  virtual std::string name() const = 0;
+  // Step t's measured speed (samples/s; NaN, Inf, <= 0 mean "bad or missing" and must be tolerated) and the
+  // exogenous inputs measured for step t (CPU available, memory available, ...; fixed length per worker).
+  virtual void observe(double speed, const std::vector<double>& exo) = 0;
+  // Speed expected at step t+1, given the exogenous inputs already known for it (may be empty).
+  // Always finite and > 0.
+  virtual double predict(const std::vector<double>& exo_next) = 0;
+  // Oracle only: the true speed of the coming step (others ignore it).
+  virtual void set_truth(double /*next_speed*/) {}
+  // Opaque state for checkpoints: restore(save()) continues identically.
+  virtual std::string save_state() const = 0;
+  virtual void load_state(const std::string& state) = 0;
+};
+
+// spec: "last", "ema[:ALPHA]", "arima[:P,D,Q]", "narx[:key=value,...]", "oracle".
+// num_exo: length of the exogenous vectors this worker will report. Throws std::invalid_argument naming the spec.
+std::unique_ptr<Predictor> make_predictor(const std::string& spec, int num_exo, uint64_t seed);
+
+}  // namespace lbbsp::predictors

@@ -1,0 +1,25 @@
+// The `lbbsp` command: one binary, subcommands registered from runtime/*_cmd.cpp.
+#include <cstdio>
+#include <exception>
+
+#include "runtime/commands.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"lbbsp: straggler-free synchronous data-parallel training (LB-BSP semi-dynamic load balancing)"};
+  app.set_version_flag("--version", std::string("lbbsp ") + LBBSP_VERSION);
+  app.require_subcommand(1);
+  lbbsp::cli::add_train_command(app);
+  lbbsp::cli::add_data_command(app);
+  lbbsp::cli::add_info_command(app);
+  lbbsp::cli::add_predict_eval_command(app);
+  lbbsp::cli::add_simulate_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "lbbsp: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

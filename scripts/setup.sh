@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs every Debian package lbbsp needs (idempotent, non-interactive, as root or through sudo) and builds
+# into build/ (the binary is build/lbbsp).
+#   scripts/setup.sh [--no-build] [--extras] [-- extra cmake args]
+#   --extras also installs what experiments, peers and Slurm tests need (PyTorch, stress-ng, Slurm, munge).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=1 extras=0 cmake_args=()
+while (($#)); do
+  case $1 in
+    --no-build) build=0 ;;
+    --extras) extras=1 ;;
+    --) shift; cmake_args=("$@"); break ;;
+    *) echo "setup.sh: unknown option '$1' (use --no-build, --extras, -- CMAKE_ARGS)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+packages=(
+  build-essential cmake pkg-config git ca-certificates
+  libopenmpi-dev openmpi-bin libhdf5-dev hdf5-tools libeigen3-dev libopenblas-dev libhwloc-dev hwloc
+  libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev googletest libbenchmark-dev zlib1g-dev
+  dataset-fashion-mnist python3 python3-numpy python3-h5py python3-statsmodels python3-matplotlib stress-ng
+)
+if ((extras)); then
+  packages+=(python3-torch slurm-wlm munge iproute2)
+fi
+
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "setup.sh: run as root or install sudo" >&2; exit 1; }
+  sudo=(sudo)
+fi
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -q
+  "${sudo[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if ((build)); then
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${cmake_args[@]}"
+  cmake --build build -j "$(nproc)"
+fi

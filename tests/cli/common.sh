@@ -1,0 +1,20 @@
+# Shared helpers for the shell integration tests. Source it; it sets LBBSP, SCRATCH and `fail`/`expect_fail`.
+set -euo pipefail
+LBBSP=${1:?usage: test.sh PATH_TO_LBBSP SCRATCH_DIR}
+SCRATCH=${2:?usage: test.sh PATH_TO_LBBSP SCRATCH_DIR}
+rm -rf "$SCRATCH"; mkdir -p "$SCRATCH"
+MPIEXEC=${MPIEXEC:-mpiexec}
+# Open MPI refuses root and more ranks than cores unless told; tests run as root in CI and oversubscribe.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+mpirun_n() { local n=$1; shift; timeout 300 "$MPIEXEC" -n "$n" --oversubscribe --bind-to none "$@"; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+# expect_fail PATTERN CMD...: CMD must exit non-zero and print PATTERN (grep -E) on stderr or stdout.
+expect_fail() {
+  local pattern=$1; shift
+  local out rc=0
+  out=$("$@" 2>&1) || rc=$?
+  [[ $rc -ne 0 ]] || fail "expected failure, got exit 0: $*"
+  grep -qE -- "$pattern" <<<"$out" || fail "expected message /$pattern/ from: $* ; got: $out"
+  echo "ok (exit $rc): $pattern"
+}
