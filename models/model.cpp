@@ -1,0 +1,67 @@
+#include "models/model.hpp"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "models/zoo.hpp"
+
+namespace lbbsp::models {
+
+size_t TensorInfo::size() const {
+  size_t count = 1;
+  for (int d : shape) count *= size_t(d);
+  return count;
+}
+
+std::unique_ptr<Model> make_model(const ModelConfig& cfg) {
+  const InputShape& in = cfg.input;
+  if (in.channels <= 0 || in.height <= 0 || in.width <= 0)
+    throw std::invalid_argument("ModelConfig::input: every dimension must be positive, got " +
+                                std::to_string(in.channels) + "x" + std::to_string(in.height) + "x" +
+                                std::to_string(in.width));
+  if (cfg.classes < 2 || cfg.classes > 256)  // labels are uint8
+    throw std::invalid_argument("ModelConfig::classes: must be in [2, 256], got " +
+                                std::to_string(cfg.classes));
+  if (cfg.kind == "logreg") {
+    ModelConfig plain = cfg;
+    plain.hidden.clear();
+    return make_mlp(plain, "logreg");
+  }
+  if (cfg.kind == "mlp") {
+    for (int width : cfg.hidden)
+      if (width <= 0)
+        throw std::invalid_argument("ModelConfig::hidden: widths must be positive, got " +
+                                    std::to_string(width));
+    return make_mlp(cfg, "mlp");
+  }
+  if (cfg.kind == "cnn") {
+    if (in.height % 4 != 0 || in.width % 4 != 0)
+      throw std::invalid_argument(
+          "ModelConfig::input: the cnn needs height and width divisible by 4 (two 2x2 "
+          "poolings), got " +
+          std::to_string(in.height) + "x" + std::to_string(in.width));
+    return make_cnn(cfg);
+  }
+  throw std::invalid_argument("ModelConfig::kind: unknown model '" + cfg.kind +
+                              "' (expected logreg, mlp or cnn)");
+}
+
+namespace {
+int g_threads = 0;  // 0: not set, use the OpenMP default
+}  // namespace
+
+void set_num_threads(int n) {
+  if (n < 1) throw std::invalid_argument("set_num_threads: need at least 1 thread, got " + std::to_string(n));
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+  g_threads = n;
+}
+
+int num_threads() {
+  return g_threads > 0 ? g_threads : omp_get_max_threads();
+}
+
+}  // namespace lbbsp::models

@@ -1,0 +1,85 @@
+#include "models/optimizer.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <numbers>
+#include <stdexcept>
+
+namespace lbbsp::models {
+
+double LrSchedule::lr_at(int64_t iteration) const {
+  if (iteration < warmup_iterations)  // linear from base_lr / warmup at iteration 0 up to base_lr
+    return base_lr * double(iteration + 1) / double(warmup_iterations);
+  const int64_t t = iteration - warmup_iterations;  // iterations since warm-up ended
+  if (kind == "constant") return base_lr;
+  if (kind == "step")
+    return step_every > 0 ? base_lr * std::pow(step_gamma, double(t / step_every)) : base_lr;
+  if (kind == "cosine") {
+    const int64_t span = total_iterations - warmup_iterations;
+    if (span <= 0 || t >= span) return 0.0;
+    return 0.5 * base_lr * (1.0 + std::cos(std::numbers::pi * double(t) / double(span)));
+  }
+  throw std::invalid_argument("LrSchedule::kind: unknown schedule '" + kind + "'");
+}
+
+LrSchedule parse_lr_schedule(const std::string& spec, double base_lr, int64_t warmup, int64_t total) {
+  const auto bad = [&](const std::string& why) {
+    return std::invalid_argument("learning-rate schedule '" + spec + "': " + why +
+                                 " (expected constant, step:EVERY:GAMMA or cosine)");
+  };
+  if (warmup < 0) throw bad("warm-up must not be negative");
+  LrSchedule s;
+  s.base_lr = base_lr;
+  s.warmup_iterations = warmup;
+  s.total_iterations = total;
+  if (spec == "constant" || spec == "cosine") {
+    s.kind = spec;
+    if (spec == "cosine" && total <= warmup) throw bad("cosine needs total iterations > warm-up");
+    return s;
+  }
+  if (spec.rfind("step:", 0) == 0) {
+    const std::string rest = spec.substr(5);
+    const size_t colon = rest.find(':');
+    if (colon == std::string::npos) throw bad("missing ':GAMMA'");
+    const std::string every = rest.substr(0, colon), gamma = rest.substr(colon + 1);
+    char* end = nullptr;
+    s.step_every = std::strtoll(every.c_str(), &end, 10);
+    if (every.empty() || *end != '\0') throw bad("EVERY must be an integer");
+    s.step_gamma = std::strtod(gamma.c_str(), &end);
+    if (gamma.empty() || *end != '\0') throw bad("GAMMA must be a number");
+    if (s.step_every <= 0) throw bad("EVERY must be positive");
+    if (!(s.step_gamma > 0.0)) throw bad("GAMMA must be positive");
+    s.kind = "step";
+    return s;
+  }
+  throw bad("unknown kind");
+}
+
+Sgd::Sgd(size_t num_params, double momentum, double weight_decay)
+    : momentum_(momentum), weight_decay_(weight_decay), velocity_(num_params, 0.0f) {
+  if (momentum < 0.0 || momentum >= 1.0)
+    throw std::invalid_argument("Sgd: momentum must be in [0, 1), got " + std::to_string(momentum));
+  if (weight_decay < 0.0)
+    throw std::invalid_argument("Sgd: weight decay must not be negative, got " +
+                                std::to_string(weight_decay));
+}
+
+void Sgd::step(float* params, const float* grad_sum, int64_t global_batch, double lr) {
+  if (global_batch <= 0)
+    throw std::invalid_argument("Sgd::step: global batch must be positive, got " +
+                                std::to_string(global_batch));
+  // PyTorch's formulation: g = grad/B + wd*w; v = momentum*v + g; w -= lr*v. Element-wise, so any thread
+  // split gives the same bits.
+  const float inv_batch = float(1.0 / double(global_batch));
+  const float wd = float(weight_decay_), mu = float(momentum_), rate = float(lr);
+  float* v = velocity_.data();
+  const int64_t count = int64_t(velocity_.size());
+#pragma omp parallel for simd schedule(static) if (count > (1 << 16))
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = grad_sum[i] * inv_batch + wd * params[i];
+    v[i] = mu * v[i] + g;
+    params[i] -= rate * v[i];
+  }
+}
+
+}  // namespace lbbsp::models

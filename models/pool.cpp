@@ -1,0 +1,93 @@
+#include "models/pool.hpp"
+
+#include <cstddef>
+
+namespace lbbsp::models {
+
+void maxpool2x2_forward(const float* x, float* y, uint8_t* argmax, int n, int h, int w, int c) {
+  const int ho = h / 2, wo = w / 2;
+  const size_t row = size_t(w) * c;  // floats per input image row
+#pragma omp parallel for collapse(2) schedule(static) if (size_t(n) * h * w * c > (1u << 16))
+  for (int s = 0; s < n; ++s)
+    for (int oy = 0; oy < ho; ++oy) {
+      const float* in0 = x + (size_t(s) * h + 2 * oy) * row;  // top row of the window
+      const float* in1 = in0 + row;                           // bottom row
+      float* out = y + (size_t(s) * ho + oy) * wo * c;
+      uint8_t* idx = argmax + (size_t(s) * ho + oy) * wo * c;
+      for (int ox = 0; ox < wo; ++ox) {
+        const float* a = in0 + size_t(2 * ox) * c;
+        const float* b = in1 + size_t(2 * ox) * c;
+#pragma omp simd
+        for (int k = 0; k < c; ++k) {
+          // Window order 0:(0,0) 1:(0,1) 2:(1,0) 3:(1,1); strict '>' keeps the first maximum.
+          float best = a[k];
+          uint8_t which = 0;
+          if (a[c + k] > best) best = a[c + k], which = 1;
+          if (b[k] > best) best = b[k], which = 2;
+          if (b[c + k] > best) best = b[c + k], which = 3;
+          out[size_t(ox) * c + k] = best;
+          idx[size_t(ox) * c + k] = which;
+        }
+      }
+    }
+}
+
+void maxpool2x2_forward_ref(const float* x, float* y, uint8_t* argmax, int n, int h, int w, int c) {
+  const int ho = h / 2, wo = w / 2;
+  for (int s = 0; s < n; ++s)
+    for (int oy = 0; oy < ho; ++oy)
+      for (int ox = 0; ox < wo; ++ox)
+        for (int k = 0; k < c; ++k) {
+          float best = 0.0f;
+          int which = -1;
+          for (int q = 0; q < 4; ++q) {
+            const int iy = 2 * oy + q / 2, ix = 2 * ox + q % 2;
+            const float v = x[((size_t(s) * h + iy) * w + ix) * c + k];
+            if (which < 0 || v > best) best = v, which = q;
+          }
+          const size_t o = ((size_t(s) * ho + oy) * wo + ox) * c + k;
+          y[o] = best;
+          argmax[o] = uint8_t(which);
+        }
+}
+
+void maxpool2x2_backward(const float* dy, const uint8_t* argmax, float* dx, int n, int h, int w, int c) {
+  const int ho = h / 2, wo = w / 2;
+  const size_t row = size_t(w) * c;
+#pragma omp parallel for collapse(2) schedule(static) if (size_t(n) * h * w * c > (1u << 16))
+  for (int s = 0; s < n; ++s)
+    for (int oy = 0; oy < ho; ++oy) {
+      float* out0 = dx + (size_t(s) * h + 2 * oy) * row;
+      float* out1 = out0 + row;
+      const float* g = dy + (size_t(s) * ho + oy) * wo * c;
+      const uint8_t* idx = argmax + (size_t(s) * ho + oy) * wo * c;
+      for (int ox = 0; ox < wo; ++ox) {
+        float* a = out0 + size_t(2 * ox) * c;
+        float* b = out1 + size_t(2 * ox) * c;
+#pragma omp simd
+        for (int k = 0; k < c; ++k) {
+          const float v = g[size_t(ox) * c + k];
+          const uint8_t which = idx[size_t(ox) * c + k];
+          a[k] = which == 0 ? v : 0.0f;
+          a[c + k] = which == 1 ? v : 0.0f;
+          b[k] = which == 2 ? v : 0.0f;
+          b[c + k] = which == 3 ? v : 0.0f;
+        }
+      }
+    }
+}
+
+void maxpool2x2_backward_ref(const float* dy, const uint8_t* argmax, float* dx, int n, int h, int w, int c) {
+  const int ho = h / 2, wo = w / 2;
+  for (size_t i = 0; i < size_t(n) * h * w * c; ++i) dx[i] = 0.0f;
+  for (int s = 0; s < n; ++s)
+    for (int oy = 0; oy < ho; ++oy)
+      for (int ox = 0; ox < wo; ++ox)
+        for (int k = 0; k < c; ++k) {
+          const size_t o = ((size_t(s) * ho + oy) * wo + ox) * c + k;
+          const int q = argmax[o];
+          dx[((size_t(s) * h + 2 * oy + q / 2) * w + 2 * ox + q % 2) * c + k] = dy[o];
+        }
+}
+
+}  // namespace lbbsp::models

@@ -1,0 +1,213 @@
+// Every fast kernel against its plain-loop reference, on odd shapes, n = 0 and n = 1.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <tuple>
+
+#include "models/activation.hpp"
+#include "models/conv.hpp"
+#include "models/dense.hpp"
+#include "models/pool.hpp"
+#include "models/softmax_xent.hpp"
+#include "test_models_util.hpp"
+
+namespace lbbsp::models {
+namespace {
+
+using testing::all_close;
+using testing::random_floats;
+using testing::random_labels;
+
+struct DenseCase {
+  int n, in, out;
+};
+const DenseCase kDenseCases[] = {{0, 5, 3}, {1, 1, 1}, {1, 7, 3}, {5, 13, 11}, {33, 17, 129}, {64, 784, 256}};
+
+TEST(DenseKernel, ForwardMatchesReference) {
+  std::mt19937_64 rng(1);
+  for (const DenseCase& c : kDenseCases)
+    for (bool relu : {false, true}) {
+      const auto x = random_floats(size_t(c.n) * c.in, rng), w = random_floats(size_t(c.out) * c.in, rng),
+                 b = random_floats(c.out, rng);
+      std::vector<float> fast(size_t(c.n) * c.out, NAN), ref(fast.size(), NAN);
+      dense_forward(x.data(), w.data(), b.data(), fast.data(), c.n, c.in, c.out, relu);
+      dense_forward_ref(x.data(), w.data(), b.data(), ref.data(), c.n, c.in, c.out, relu);
+      EXPECT_TRUE(all_close(fast, ref))
+          << "n=" << c.n << " in=" << c.in << " out=" << c.out << " relu=" << relu;
+    }
+}
+
+TEST(DenseKernel, BackwardMatchesReferenceAndAccumulates) {
+  std::mt19937_64 rng(2);
+  for (const DenseCase& c : kDenseCases)
+    for (bool with_dx : {false, true}) {
+      const auto x = random_floats(size_t(c.n) * c.in, rng), w = random_floats(size_t(c.out) * c.in, rng),
+                 dy = random_floats(size_t(c.n) * c.out, rng);
+      // Gradients start non-zero: the kernels must ADD into them.
+      const auto dw0 = random_floats(w.size(), rng), db0 = random_floats(c.out, rng);
+      std::vector<float> dw = dw0, db = db0, dx(size_t(c.n) * c.in, NAN);
+      std::vector<float> dw_ref = dw0, db_ref = db0, dx_ref(dx.size(), NAN);
+      dense_backward(x.data(), w.data(), dy.data(), dw.data(), db.data(), with_dx ? dx.data() : nullptr, c.n,
+                     c.in, c.out);
+      dense_backward_ref(x.data(), w.data(), dy.data(), dw_ref.data(), db_ref.data(),
+                         with_dx ? dx_ref.data() : nullptr, c.n, c.in, c.out);
+      EXPECT_TRUE(all_close(dw, dw_ref)) << "dw n=" << c.n << " in=" << c.in << " out=" << c.out;
+      EXPECT_TRUE(all_close(db, db_ref)) << "db n=" << c.n;
+      if (with_dx) {
+        EXPECT_TRUE(all_close(dx, dx_ref)) << "dx n=" << c.n;
+      }
+      if (c.n == 0) {
+        EXPECT_EQ(dw, dw0) << "n = 0 must leave the gradient alone";
+      }
+    }
+}
+
+TEST(ActivationKernel, BiasReluAndBackwardMatchReference) {
+  std::mt19937_64 rng(3);
+  for (auto [rows, channels] : {std::pair{0, 4}, {1, 1}, {7, 3}, {300, 130}, {2048, 32}}) {
+    const auto b = random_floats(channels, rng);
+    for (bool relu : {false, true}) {
+      auto fast = random_floats(size_t(rows) * channels, rng), ref = fast;
+      bias_relu_forward(fast.data(), b.data(), rows, channels, relu);
+      bias_relu_forward_ref(ref.data(), b.data(), rows, channels, relu);
+      EXPECT_EQ(fast, ref) << rows << "x" << channels;
+    }
+    auto y = random_floats(size_t(rows) * channels, rng);
+    for (size_t i = 0; i < y.size(); i += 3) y[i] = 0.0f;  // exact zeros: ReLU passes no gradient there
+    auto dy = random_floats(y.size(), rng), dy_ref = dy;
+    relu_backward(y.data(), dy.data(), dy.size());
+    relu_backward_ref(y.data(), dy_ref.data(), dy_ref.size());
+    EXPECT_EQ(dy, dy_ref);
+    auto db = random_floats(channels, rng), db_ref = db;
+    bias_backward(dy.data(), db.data(), rows, channels);
+    bias_backward_ref(dy.data(), db_ref.data(), rows, channels);
+    EXPECT_TRUE(all_close(db, db_ref)) << rows << "x" << channels;
+  }
+}
+
+TEST(PoolKernel, ForwardAndBackwardMatchReferenceWithTies) {
+  std::mt19937_64 rng(4);
+  for (auto [n, h, w, c] :
+       {std::tuple{0, 4, 4, 3}, {1, 2, 2, 1}, {3, 6, 10, 5}, {2, 28, 28, 16}, {5, 14, 14, 32}}) {
+    // Values from a small set so that windows contain ties (the first maximum must win in both versions).
+    std::vector<float> x(size_t(n) * h * w * c);
+    for (float& v : x) v = float(int(rng() % 5) - 2);
+    const size_t out = size_t(n) * (h / 2) * (w / 2) * c;
+    std::vector<float> y(out), y_ref(out);
+    std::vector<uint8_t> idx(out), idx_ref(out);
+    maxpool2x2_forward(x.data(), y.data(), idx.data(), n, h, w, c);
+    maxpool2x2_forward_ref(x.data(), y_ref.data(), idx_ref.data(), n, h, w, c);
+    EXPECT_EQ(y, y_ref);
+    EXPECT_EQ(idx, idx_ref);
+    const auto dy = random_floats(out, rng);
+    std::vector<float> dx(x.size(), NAN), dx_ref(x.size(), NAN);
+    maxpool2x2_backward(dy.data(), idx.data(), dx.data(), n, h, w, c);
+    maxpool2x2_backward_ref(dy.data(), idx.data(), dx_ref.data(), n, h, w, c);
+    EXPECT_EQ(dx, dx_ref);
+  }
+}
+
+TEST(PoolKernel, PicksTheWindowMaximum) {
+  // One 2x2 single-channel window, winner at the bottom-left cell.
+  const std::vector<float> x = {1.0f, -3.0f, 7.0f, 2.0f};
+  float y = 0.0f;
+  uint8_t idx = 9;
+  maxpool2x2_forward(x.data(), &y, &idx, 1, 2, 2, 1);
+  EXPECT_EQ(y, 7.0f);
+  EXPECT_EQ(idx, 2);
+  std::vector<float> dx(4, NAN);
+  const float dy = 0.5f;
+  maxpool2x2_backward(&dy, &idx, dx.data(), 1, 2, 2, 1);
+  EXPECT_EQ(dx, (std::vector<float>{0.0f, 0.0f, 0.5f, 0.0f}));
+}
+
+const ConvShape kConvCases[] = {
+    {0, 4, 4, 1, 2, 5, true},       {1, 1, 1, 1, 1, 3, false},   {1, 5, 7, 3, 4, 5, true},
+    {2, 6, 6, 2, 3, 3, false},      {3, 8, 8, 16, 32, 5, false}, {2, 28, 28, 1, 16, 5, true},
+    {13, 14, 14, 16, 32, 5, false},  // several im2col chunks, the last one partial
+};
+
+TEST(ConvKernel, ForwardMatchesReference) {
+  std::mt19937_64 rng(5);
+  ConvWorkspace ws;
+  for (const ConvShape& s : kConvCases) {
+    const auto x = random_floats(size_t(s.n) * s.input_size(), rng);
+    const auto w = random_floats(size_t(s.out_channels) * s.col_width(), rng);
+    std::vector<float> y(size_t(s.n) * s.output_size(), NAN), y_ref(y.size(), NAN);
+    conv2d_forward(s, x.data(), w.data(), y.data(), ws);
+    conv2d_forward_ref(s, x.data(), w.data(), y_ref.data());
+    EXPECT_TRUE(all_close(y, y_ref)) << "n=" << s.n << " " << s.height << "x" << s.width << " c"
+                                     << s.in_channels << "->" << s.out_channels << " k" << s.kernel
+                                     << " chw=" << s.input_chw;
+  }
+}
+
+TEST(ConvKernel, BackwardMatchesReferenceAndAccumulates) {
+  std::mt19937_64 rng(6);
+  ConvWorkspace ws;
+  for (const ConvShape& s : kConvCases)
+    for (bool with_dx : {false, true}) {
+      const auto x = random_floats(size_t(s.n) * s.input_size(), rng);
+      const auto w = random_floats(size_t(s.out_channels) * s.col_width(), rng);
+      const auto dy = random_floats(size_t(s.n) * s.output_size(), rng);
+      const auto dw0 = random_floats(w.size(), rng);
+      std::vector<float> dw = dw0, dw_ref = dw0, dx(x.size(), NAN), dx_ref(x.size(), NAN);
+      conv2d_backward(s, x.data(), w.data(), dy.data(), dw.data(), with_dx ? dx.data() : nullptr, ws);
+      conv2d_backward_ref(s, x.data(), w.data(), dy.data(), dw_ref.data(), with_dx ? dx_ref.data() : nullptr);
+      EXPECT_TRUE(all_close(dw, dw_ref)) << "dw n=" << s.n << " " << s.height << "x" << s.width;
+      if (with_dx) {
+        EXPECT_TRUE(all_close(dx, dx_ref)) << "dx n=" << s.n << " " << s.height << "x" << s.width;
+      }
+    }
+}
+
+TEST(SoftmaxXentKernel, MatchesReference) {
+  std::mt19937_64 rng(7);
+  for (auto [n, classes] : {std::pair{0, 10}, {1, 2}, {1, 10}, {37, 3}, {256, 10}, {5, 256}}) {
+    auto logits = random_floats(size_t(n) * classes, rng, -8.0f, 8.0f);
+    const auto labels = random_labels(n, classes, rng);
+    std::vector<float> g(logits.size(), NAN), g_ref(logits.size(), NAN);
+    const StepStats fast = softmax_xent(logits.data(), labels.data(), n, classes, g.data());
+    const StepStats ref = softmax_xent_ref(logits.data(), labels.data(), n, classes, g_ref.data());
+    EXPECT_NEAR(fast.loss_sum, ref.loss_sum, 1e-5 * (1.0 + ref.loss_sum)) << n << "x" << classes;
+    EXPECT_EQ(fast.correct, ref.correct);
+    EXPECT_TRUE(all_close(g, g_ref, 1e-6));
+    const StepStats eval = softmax_xent(logits.data(), labels.data(), n, classes, nullptr);
+    EXPECT_EQ(eval.loss_sum, fast.loss_sum);
+  }
+}
+
+TEST(SoftmaxXentKernel, HandComputedAndStableForHugeLogits) {
+  // p = (1/4, 3/4): loss of label 0 is log 4, gradient (1/4 - 1, 3/4).
+  const float logits[2] = {0.0f, std::log(3.0f)};
+  const uint8_t label = 0;
+  float g[2];
+  const StepStats s = softmax_xent(logits, &label, 1, 2, g);
+  EXPECT_NEAR(s.loss_sum, std::log(4.0), 1e-6);
+  EXPECT_EQ(s.correct, 0);
+  EXPECT_NEAR(g[0], -0.75f, 1e-6);
+  EXPECT_NEAR(g[1], 0.75f, 1e-6);
+
+  const float huge[3] = {1e4f, -1e4f, 9990.0f};
+  const uint8_t label2 = 2;
+  float g2[3];
+  const StepStats s2 = softmax_xent(huge, &label2, 1, 3, g2);
+  EXPECT_NEAR(s2.loss_sum, 10.0, 1e-3);
+  EXPECT_EQ(s2.correct, 0);
+  for (float v : g2) EXPECT_TRUE(std::isfinite(v));
+}
+
+TEST(SoftmaxXentKernel, RejectsOutOfRangeLabels) {
+  const uint8_t labels[3] = {1, 9, 10};
+  EXPECT_NO_THROW(check_labels(labels, 2, 10));
+  try {
+    check_labels(labels, 3, 10);
+    FAIL() << "label 10 with 10 classes was accepted";
+  } catch (const std::out_of_range& e) {
+    EXPECT_NE(std::string(e.what()).find("label 10"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace lbbsp::models
