@@ -14,14 +14,16 @@ struct TimeCurve {
   double floor_s = 0.0;           // time for any batch <= sat_batch
   double sat_batch = 0.0;         // samples
   double slope_s_per_sample = 0;  // above sat_batch
-  double time(double b) const { return b <= 0 ? 0.0 : floor_s + (b > sat_batch ? (b - sat_batch) * slope_s_per_sample : 0.0); }
+  double time(double b) const {
+    return b <= 0 ? 0.0 : floor_s + (b > sat_batch ? (b - sat_batch) * slope_s_per_sample : 0.0);
+  }
 };
 
 struct WorkerReport {
-  int64_t batch = 0;               // samples processed this iteration
-  double compute_s = 0.0;          // compute time (excluding waiting)
-  std::vector<double> exo;         // exogenous metrics measured for this iteration (cpu avail, mem avail, ...)
-  std::vector<double> exo_next;    // exogenous inputs already known for the coming iteration (may be empty)
+  int64_t batch = 0;             // samples processed this iteration
+  double compute_s = 0.0;        // compute time (excluding waiting)
+  std::vector<double> exo;       // exogenous metrics measured for this iteration (cpu avail, mem avail, ...)
+  std::vector<double> exo_next;  // exogenous inputs already known for the coming iteration (may be empty)
   int64_t mem_cap = std::numeric_limits<int64_t>::max();  // most samples this worker can hold
   // Emulation ground truth, used by the oracle only (NaN / zero curve when unknown):
   double capacity = std::numeric_limits<double>::quiet_NaN();       // this iteration's capacity factor
@@ -35,13 +37,18 @@ struct IterationReport {
 };
 
 struct BalancerConfig {
-  std::string name = "bsp";       // bsp | static[:K] | random:SEED | lbbsp-cpu | lbbsp-gpu | lbbsp-gpu-model | oracle
+  // bsp | static[:K] | random:SEED | lbbsp-cpu[:PREDICTOR_SPEC] | lbbsp-gpu[:W] | lbbsp-gpu-model | oracle
+  // ("lbbsp-cpu:SPEC" overrides `predictor`; lbbsp-gpu's W is its first monitoring window, default 2).
+  std::string name = "bsp";
   std::string predictor = "narx";  // for lbbsp-cpu
   int workers = 1;
   int64_t global_batch = 0;
-  int64_t min_batch = 0;           // per worker
-  int num_exo = 0;                 // length of WorkerReport::exo
+  int64_t min_batch = 0;  // per worker
+  int num_exo = 0;        // length of WorkerReport::exo
   uint64_t seed = 0;
+  // Memory caps (samples) known before the first report, used by initial(); empty = unlimited. After that the
+  // caps come from WorkerReport::mem_cap.
+  std::vector<int64_t> mem_cap;
 };
 
 class Balancer {

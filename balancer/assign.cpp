@@ -1,0 +1,261 @@
+#include "balancer/assign.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace lbbsp::balancer {
+namespace {
+
+bool finite_non_negative(double x) {
+  return std::isfinite(x) && x >= 0.0;
+}
+
+struct ResolvedBounds {
+  std::vector<int64_t> lo, hi;  // hi already capped at X so sums never overflow
+};
+
+ResolvedBounds resolve_bounds(const BatchBounds& bounds, int64_t global_batch, size_t n) {
+  if (global_batch < 0)
+    throw std::invalid_argument("assign: global batch must be >= 0, got " + std::to_string(global_batch));
+  if (!bounds.min.empty() && bounds.min.size() != n)
+    throw std::invalid_argument("assign: " + std::to_string(bounds.min.size()) + " min bounds for " +
+                                std::to_string(n) + " workers");
+  if (!bounds.max.empty() && bounds.max.size() != n)
+    throw std::invalid_argument("assign: " + std::to_string(bounds.max.size()) + " max bounds for " +
+                                std::to_string(n) + " workers");
+  ResolvedBounds r;
+  r.lo.assign(n, 0);
+  r.hi.assign(n, global_batch);
+  int64_t sum_lo = 0, sum_hi = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t lo = bounds.min.empty() ? 0 : bounds.min[i];
+    const int64_t hi = bounds.max.empty() ? global_batch : bounds.max[i];
+    if (lo < 0)
+      throw std::invalid_argument("assign: worker " + std::to_string(i) + " has a negative minimum batch " +
+                                  std::to_string(lo));
+    if (hi < lo)
+      throw std::invalid_argument("assign: worker " + std::to_string(i) + " has min batch " +
+                                  std::to_string(lo) + " > max batch " + std::to_string(hi));
+    r.lo[i] = lo;
+    r.hi[i] = std::min(hi, global_batch);
+    if (r.lo[i] > global_batch)
+      throw std::invalid_argument("assign: worker " + std::to_string(i) + " min batch " + std::to_string(lo) +
+                                  " exceeds the global batch " + std::to_string(global_batch));
+    sum_lo += r.lo[i];
+    if (sum_lo > global_batch)
+      throw std::invalid_argument("assign: minimum batches sum to more than the global batch " +
+                                  std::to_string(global_batch));
+    sum_hi = std::min(global_batch, sum_hi + std::max(r.hi[i], r.lo[i]));
+    r.hi[i] = std::max(r.hi[i], r.lo[i]);
+  }
+  if (sum_hi < global_batch)
+    throw std::invalid_argument("assign: maximum batches (memory caps) sum to less than the global batch " +
+                                std::to_string(global_batch));
+  return r;
+}
+
+// Largest b in [lo, hi] with curve.time(b) <= T (lo when even that is slower), consistent with
+// TimeCurve::time.
+int64_t capacity_at(const TimeCurve& c, double T, int64_t lo, int64_t hi) {
+  double estimate;
+  if (T < c.floor_s)
+    estimate = 0.0;
+  else if (c.slope_s_per_sample <= 0.0)
+    estimate = static_cast<double>(hi);
+  else
+    estimate = c.sat_batch + (T - c.floor_s) / c.slope_s_per_sample;
+  int64_t b =
+      estimate >= static_cast<double>(hi) ? hi : std::max(lo, static_cast<int64_t>(std::floor(estimate)));
+  // Fix floating-point rounding of the inverse (at most a step or two).
+  while (b < hi && c.time(static_cast<double>(b + 1)) <= T) ++b;
+  while (b > lo && c.time(static_cast<double>(b)) > T) --b;
+  return b;
+}
+
+// Real-valued relaxation of the total capacity at time T (an upper bound of the integer one).
+double relaxed_total(const std::vector<TimeCurve>& curves, const ResolvedBounds& rb, double T) {
+  double total = 0.0;
+  for (size_t i = 0; i < curves.size(); ++i) {
+    const TimeCurve& c = curves[i];
+    double estimate;
+    if (T < c.floor_s)
+      estimate = 0.0;
+    else if (c.slope_s_per_sample <= 0.0)
+      estimate = static_cast<double>(rb.hi[i]);
+    else
+      estimate = c.sat_batch + (T - c.floor_s) / c.slope_s_per_sample;
+    total += std::clamp(estimate, static_cast<double>(rb.lo[i]), static_cast<double>(rb.hi[i]));
+  }
+  return total;
+}
+
+// Start below the optimum only by rounding, without ever rounding up.
+int64_t capacity_at_or_below(const TimeCurve& c, double T, int64_t lo, int64_t hi) {
+  double estimate;
+  if (T < c.floor_s)
+    estimate = 0.0;
+  else if (c.slope_s_per_sample <= 0.0)
+    estimate = static_cast<double>(hi);
+  else
+    estimate = c.sat_batch + (T - c.floor_s) / c.slope_s_per_sample;
+  int64_t b =
+      estimate >= static_cast<double>(hi) ? hi : std::max(lo, static_cast<int64_t>(std::floor(estimate)));
+  while (b > lo && c.time(static_cast<double>(b)) > T) --b;
+  return b;
+}
+
+std::vector<TimeCurve> sanitize_curves(const std::vector<TimeCurve>& curves) {
+  double worst_cost = 0.0;  // largest per-sample cost among valid curves
+  bool any_valid = false;
+  auto valid = [](const TimeCurve& c) {
+    return finite_non_negative(c.floor_s) && finite_non_negative(c.sat_batch) &&
+           finite_non_negative(c.slope_s_per_sample);
+  };
+  for (const TimeCurve& c : curves) {
+    if (!valid(c)) continue;
+    any_valid = true;
+    const double ref = std::max(c.sat_batch, 1.0);
+    worst_cost = std::max(worst_cost, c.time(ref) / ref);
+  }
+  const double slow_slope = any_valid && worst_cost > 0.0 ? worst_cost * 1e6 : 1.0;
+  std::vector<TimeCurve> out(curves);
+  for (TimeCurve& c : out)
+    if (!valid(c)) c = TimeCurve{0.0, 0.0, slow_slope};
+  return out;
+}
+
+std::vector<int64_t> assign_sanitized(const std::vector<TimeCurve>& curves, int64_t global_batch,
+                                      const BatchBounds& bounds) {
+  const size_t n = curves.size();
+  const ResolvedBounds rb = resolve_bounds(bounds, global_batch, n);
+  if (n == 0) {
+    if (global_batch != 0)
+      throw std::invalid_argument("assign: no workers for a global batch of " + std::to_string(global_batch));
+    return {};
+  }
+  std::vector<int64_t> batch(rb.lo);
+  int64_t total = 0;
+  for (int64_t b : batch) total += b;
+  if (total == global_batch) return batch;
+
+  // Workers that cost nothing at T = 0 (zero curves, or a free flat part) may already cover X.
+  int64_t total_at_zero = 0;
+  for (size_t i = 0; i < n; ++i) total_at_zero += capacity_at(curves[i], 0.0, rb.lo[i], rb.hi[i]);
+  if (total_at_zero >= global_batch) {
+    for (size_t i = 0; i < n; ++i) batch[i] = capacity_at(curves[i], 0.0, rb.lo[i], rb.hi[i]);
+    int64_t surplus = total_at_zero - global_batch;
+    for (size_t i = n; i-- > 0 && surplus > 0;) {
+      const int64_t take = std::min(surplus, batch[i] - rb.lo[i]);
+      batch[i] -= take;
+      surplus -= take;
+    }
+    return batch;
+  }
+
+  // Bisection on the relaxed total to find T_lo just below the optimal finish time (relaxed_total(lo) < X).
+  const int64_t share = (global_batch + static_cast<int64_t>(n) - 1) / static_cast<int64_t>(n);
+  double hi = 0.0;
+  for (const TimeCurve& c : curves) hi = std::max(hi, c.time(static_cast<double>(share)));
+  if (!(hi > 0.0)) hi = 1.0;
+  const double X = static_cast<double>(global_batch);
+  for (int guard = 0; relaxed_total(curves, rb, hi) < X; ++guard) {
+    if (guard > 2000 || !std::isfinite(hi)) throw std::logic_error("assign: cannot bracket the finish time");
+    hi *= 2.0;
+  }
+  double lo = 0.0;
+  for (int iter = 0; iter < 200 && hi - lo > 1e-7 * hi; ++iter) {
+    const double mid = 0.5 * (lo + hi);
+    (relaxed_total(curves, rb, mid) < X ? lo : hi) = mid;
+  }
+
+  // Start at the integer capacities at T_lo (sum < X), then raise workers in order of the time their next
+  // sample would finish: the first time the total reaches X is the optimal slowest finish time.
+  total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    batch[i] = capacity_at_or_below(curves[i], lo, rb.lo[i], rb.hi[i]);
+    total += batch[i];
+  }
+  using Event = std::pair<double, size_t>;  // (finish time with one more sample, worker); ties -> lower rank
+  std::vector<Event> heap;
+  heap.reserve(n);
+  for (size_t i = 0; i < n; ++i)
+    if (batch[i] < rb.hi[i]) heap.emplace_back(curves[i].time(static_cast<double>(batch[i] + 1)), i);
+  std::make_heap(heap.begin(), heap.end(), std::greater<>());
+  while (total < global_batch) {
+    if (heap.empty()) throw std::logic_error("assign: ran out of capacity (bounds were checked)");
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    const auto [T, i] = heap.back();
+    heap.pop_back();
+    const int64_t raised = std::max(batch[i] + 1, capacity_at(curves[i], T, batch[i], rb.hi[i]));
+    total += raised - batch[i];
+    batch[i] = raised;
+    if (total >= global_batch) {
+      batch[i] -=
+          total - global_batch;  // the surplus came from this worker's jump, so it stays >= its old batch
+      break;
+    }
+    if (batch[i] < rb.hi[i]) {
+      heap.emplace_back(curves[i].time(static_cast<double>(batch[i] + 1)), i);
+      std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    }
+  }
+  return batch;
+}
+
+}  // namespace
+
+std::vector<TimeCurve> curves_from_speeds(const std::vector<double>& speeds) {
+  double min_valid = std::numeric_limits<double>::infinity();
+  for (double s : speeds)
+    if (std::isfinite(s) && s > 0.0 && std::isfinite(1.0 / s)) min_valid = std::min(min_valid, s);
+  const double slow = std::isfinite(min_valid) ? min_valid * 1e-6 : 1e-6;
+  std::vector<TimeCurve> curves(speeds.size());
+  for (size_t i = 0; i < speeds.size(); ++i) {
+    const double s = speeds[i];
+    const bool ok = std::isfinite(s) && s > 0.0 && std::isfinite(1.0 / s);
+    curves[i] = TimeCurve{0.0, 0.0, 1.0 / (ok ? s : slow)};
+  }
+  return curves;
+}
+
+std::vector<int64_t> assign_by_speed(const std::vector<double>& speeds, int64_t global_batch,
+                                     const BatchBounds& bounds) {
+  return assign_sanitized(curves_from_speeds(speeds), global_batch, bounds);
+}
+
+std::vector<int64_t> assign_by_curve(const std::vector<TimeCurve>& curves, int64_t global_batch,
+                                     const BatchBounds& bounds) {
+  return assign_sanitized(sanitize_curves(curves), global_batch, bounds);
+}
+
+double slowest_finish_s(const std::vector<TimeCurve>& curves, const std::vector<int64_t>& batch) {
+  double worst = 0.0;
+  for (size_t i = 0; i < curves.size() && i < batch.size(); ++i)
+    worst = std::max(worst, curves[i].time(static_cast<double>(batch[i])));
+  return worst;
+}
+
+void check_batch(const std::vector<int64_t>& batch, int64_t global_batch, const BatchBounds& bounds,
+                 size_t n) {
+  if (batch.size() != n)
+    throw std::invalid_argument("batch vector has " + std::to_string(batch.size()) + " entries for " +
+                                std::to_string(n) + " workers");
+  int64_t total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t lo = bounds.min.empty() ? 0 : bounds.min[i];
+    const int64_t hi = bounds.max.empty() ? std::numeric_limits<int64_t>::max() : bounds.max[i];
+    if (batch[i] < lo || batch[i] > hi)
+      throw std::invalid_argument("worker " + std::to_string(i) + " batch " + std::to_string(batch[i]) +
+                                  " outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    total += batch[i];
+  }
+  if (total != global_batch)
+    throw std::invalid_argument("batch vector sums to " + std::to_string(total) + ", not " +
+                                std::to_string(global_batch));
+}
+
+}  // namespace lbbsp::balancer
