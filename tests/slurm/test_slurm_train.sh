@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Slurm integration test: starts a private single-node Slurm (munged, slurmctld, slurmd; tests/slurm/minicluster.sh),
+# submits scripts/slurm/train.sbatch twice with sbatch -- srun --mpi=pmix with 2 ranks x 2 CPUs, and mpirun with
+# 4 ranks (more ranks than cores: --overcommit) -- waits for both (bounded), and checks job state, exit-code file,
+# summary JSON, and that both runs trained the same model (same parameters up to float summation order).
+# Needs root and the Debian packages slurm-wlm munge iproute2 (scripts/setup.sh). Usage: $0 LBBSP SCRATCH
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tests/cli/common.sh
+source "$here/../cli/common.sh"
+# shellcheck source=tests/slurm/minicluster.sh
+source "$here/minicluster.sh"
+SRC=${LBBSP_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
+LBBSP=$(cd "$(dirname "$LBBSP")" && pwd)/$(basename "$LBBSP")
+[[ -x $LBBSP ]] || fail "lbbsp binary '$LBBSP' missing: build it first (cmake --build build)"
+# shellcheck source=tests/slurm/pick_python.sh
+source "$here/pick_python.sh"
+
+minicluster_check
+# Sockets have a ~100-byte path limit and build folders can be deep: the daemons live in a short /tmp folder.
+MC=$(mktemp -d /tmp/lbbsp-slurm.XXXXXX)
+cleanup() {
+  local rc=$?
+  minicluster_stop || true
+  if [[ -d $MC ]]; then
+    mkdir -p "$SCRATCH/daemon-logs"
+    cp -r "$MC/log/." "$MC/slurm.conf" "$SCRATCH/daemon-logs/" 2>/dev/null || true
+    rm -rf "$MC"
+  fi
+  ((rc == 0)) && echo "PASS ($SECONDS s)" || echo "FAILED (exit $rc) after $SECONDS s; logs in $SCRATCH" >&2
+}
+trap cleanup EXIT
+trap 'exit 143' TERM HUP
+trap 'exit 130' INT
+minicluster_start "$MC"
+
+timeout 60 "$LBBSP" data synth --samples 2048 --features 16 --classes 4 --seed 5 --out "$SCRATCH/data.h5" >/dev/null ||
+  fail "lbbsp data synth failed"
+
+iters=20 batch=64
+common=(LBBSP_BIN="$LBBSP" DATA="$SCRATCH/data.h5" RESULTS_DIR="$SCRATCH/results" MODEL=logreg EPOCHS=1 LR=0.2
+  SEED=11 "GLOBAL_BATCH=$batch" "MAX_ITERATIONS=$iters" SAVE_PARAMS=1)
+# srun: submitted from the scratch folder without LBBSP_ROOT, so the script must find the repository by itself.
+# -c 2 checks that SRUN_CPUS_PER_TASK carries --cpus-per-task to srun (Slurm >= 22.05 no longer does).
+job_srun=$(cd "$SCRATCH" && env -u LBBSP_ROOT "${common[@]}" LAUNCHER=srun \
+  timeout 30 sbatch --parsable -J lbbsp-srun -n 2 -c 2 --overcommit -t 5 -o "$SCRATCH/job-srun-%j.out" \
+  "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (srun variant) refused the job"
+# mpirun: 4 ranks on fewer cores (--overcommit), no binding (Slurm's task/none does not bind either).
+job_mpirun=$(cd "$SCRATCH" && env "${common[@]}" LBBSP_ROOT="$SRC" LAUNCHER=mpirun MPIRUN_BIND=none \
+  timeout 30 sbatch --parsable -J lbbsp-mpirun -n 4 --overcommit -t 5 -o "$SCRATCH/job-mpirun-%j.out" \
+  "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (mpirun variant) refused the job"
+echo "submitted jobs $job_srun (srun, 2 ranks) and $job_mpirun (mpirun, 4 ranks)"
+
+check_job() { # check_job JOBID NAME RANKS
+  local job=$1 name=$2 ranks=$3 state info run=$SCRATCH/results/train-$1
+  state=$(minicluster_wait "$job" 240) || fail "job $job ($name) did not finish within 240 s"
+  info=$(timeout 10 scontrol -o show job "$job")
+  echo "job $job ($name): $(grep -oE 'JobState=[^ ]+|ExitCode=[^ ]+' <<<"$info" | tr '\n' ' ')"
+  echo "----- $SCRATCH/job-$name-$job.out"
+  cat "$SCRATCH/job-$name-$job.out" || true
+  [[ $state == COMPLETED ]] || fail "job $job ($name) ended $state, expected COMPLETED (output above)"
+  grep -q 'ExitCode=0:0' <<<"$info" || fail "job $job ($name): $(grep -oE 'ExitCode=[^ ]+' <<<"$info"), expected 0:0"
+  [[ -f $run/exit_code ]] || fail "job $job ($name) wrote no $run/exit_code"
+  [[ $(cat "$run/exit_code") == 0 ]] || fail "job $job ($name): exit_code file says $(cat "$run/exit_code")"
+  "$PYTHON" "$here/check_results.py" summary "$run/summary.json" --ranks "$ranks" --iterations "$iters" \
+    --model logreg --global-batch "$batch" || fail "job $job ($name): summary JSON is not sane"
+  [[ -s $run/params.h5 ]] || fail "job $job ($name) saved no parameters ($run/params.h5)"
+}
+check_job "$job_srun" srun 2
+check_job "$job_mpirun" mpirun 4
+{ grep -q -- '--cpus-per-task=2' "$SCRATCH/results/train-$job_srun/command.sh" &&
+  grep -q -- '--threads 2' "$SCRATCH/results/train-$job_srun/command.sh"; } ||
+  fail "srun variant did not pass 2 CPUs per task on to srun and lbbsp: $(cat "$SCRATCH/results/train-$job_srun/command.sh")"
+grep -qE '^srun --mpi=pmix' "$SCRATCH/results/train-$job_srun/command.sh" || fail "srun variant did not launch with srun"
+grep -qE '^mpirun ' "$SCRATCH/results/train-$job_mpirun/command.sh" || fail "mpirun variant did not launch with mpirun"
+
+# Same data, seed and global batch: 2 and 4 ranks must end with the same parameters (float summation order aside).
+"$PYTHON" "$here/check_results.py" compare "$SCRATCH/results/train-$job_srun/summary.json" \
+  "$SCRATCH/results/train-$job_mpirun/summary.json" --rtol 1e-5 \
+  --params "$SCRATCH/results/train-$job_srun/params.h5" "$SCRATCH/results/train-$job_mpirun/params.h5" ||
+  fail "the 2-rank (srun) and 4-rank (mpirun) jobs disagree"
