@@ -11,6 +11,8 @@ namespace {
 // im2col chunks are sized to stay in the last-level cache; a fixed size (independent of the thread count)
 // keeps the dw summation order, and so the result, the same for any --threads.
 constexpr size_t kColChunkFloats = size_t(1) << 19;
+// Below this many floats of im2col work a parallel region costs more than it saves.
+constexpr size_t kParallelMinFloats = size_t(1) << 15;
 
 int samples_per_chunk(const ConvShape& s) {
   const size_t per_sample = size_t(s.height) * s.width * s.col_width();
@@ -30,7 +32,8 @@ Strides input_strides(const ConvShape& s) {
 void im2col(const ConvShape& s, const float* x, int samples, float* col) {
   const Strides st = input_strides(s);
   const int k = s.kernel, pad = s.pad(), c = s.in_channels, cw = s.col_width();
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) \
+    schedule(static) if (size_t(samples) * s.height * s.width * cw > kParallelMinFloats)
   for (int n = 0; n < samples; ++n)
     for (int oy = 0; oy < s.height; ++oy) {
       const float* xs = x + size_t(n) * s.input_size();
@@ -62,7 +65,8 @@ void im2col(const ConvShape& s, const float* x, int samples, float* col) {
 void col2im(const ConvShape& s, const float* dcol, int samples, float* dx) {
   const Strides st = input_strides(s);
   const int k = s.kernel, pad = s.pad(), c = s.in_channels, cw = s.col_width();
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) \
+    schedule(static) if (size_t(samples) * s.height * s.width * cw > kParallelMinFloats)
   for (int n = 0; n < samples; ++n)
     for (int iy = 0; iy < s.height; ++iy) {
       const float* dc = dcol + size_t(n) * s.height * s.width * cw;
