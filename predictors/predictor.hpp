@@ -25,7 +25,8 @@ class Predictor {
 };
 
 // spec: "last", "ema[:ALPHA]", "arima[:P,D,Q]", "narx[:key=value,...]", "oracle".
-// num_exo: length of the exogenous vectors this worker will report. Throws std::invalid_argument naming the spec.
+// num_exo: length of the exogenous vectors this worker will report. Throws std::invalid_argument naming the
+// spec.
 std::unique_ptr<Predictor> make_predictor(const std::string& spec, int num_exo, uint64_t seed);
 
 }  // namespace lbbsp::predictors

@@ -1,0 +1,60 @@
+// predict-eval: replays speed series (raw traces or a training run's telemetry) one step ahead through
+// predictors and scores them (RMSE, MAE, MAPE, RMSE relative to EMA), overall and per trace family.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "runtime/traces.hpp"
+
+namespace lbbsp::runtime {
+
+struct EvalSeries {
+  std::string family;  // planetlab | bitbrains | alibaba | azure | csv | telemetry
+  std::string source;
+  int num_exo = 0;
+  std::vector<double> speed;     // speed[t] (bad values are kept: predictors must cope, they are not scored)
+  std::vector<double> exo;       // exo[t * num_exo + k], measured at step t
+  std::vector<double> exo_next;  // values known before step t+1 (same layout), or empty when none are known
+};
+
+struct EvalOptions {
+  std::vector<std::string> predictors{"narx", "arima", "ema", "last"};
+  size_t max_series = 0;  // 0: all
+  size_t max_steps = 0;   // per series; 0: all
+  uint64_t seed = 1;
+};
+
+struct PredictorScore {
+  std::string predictor;
+  size_t steps = 0;  // scored steps
+  double rmse = 0, mae = 0, mape = 0, rmse_vs_ema = 0;
+};
+
+struct EvalReport {
+  size_t series = 0, steps = 0;
+  std::vector<PredictorScore> overall;
+  std::map<std::string, std::vector<PredictorScore>> by_family;
+  std::map<std::string, size_t> family_series;
+};
+
+// Raw traces: speed = capacity; exo = the trace's other columns, lagged (nothing from the predicted step).
+std::vector<EvalSeries> series_from_traces(const std::vector<TraceSeries>& traces);
+
+// RUN_DIR/telemetry.h5 (/records/{iteration,rank,actual_speed,cpu_avail,mem_avail,load}): one series per rank
+// sorted by iteration; exo = cpu_avail, mem_avail, load; the coming step's exo = the next row's values.
+std::vector<EvalSeries> series_from_telemetry(const std::string& run_dir);
+
+// Every series through every predictor (fresh state per series); the default "ema" is always run too as the
+// reference for rmse_vs_ema. Throws std::invalid_argument on a bad predictor spec.
+EvalReport evaluate(const std::vector<EvalSeries>& series, const EvalOptions& options);
+
+// "narx:dy=4,du=2,arima:2,0,1,ema" -> {"narx:dy=4,du=2", "arima:2,0,1", "ema"}: a comma-separated item starts
+// a new spec only when it begins with a predictor name (last, ema, arima, narx, oracle).
+std::vector<std::string> split_predictor_list(const std::string& list);
+
+// format: md (overall table plus per-family tables), csv, or json.
+std::string format_report(const EvalReport& report, const std::string& format);
+
+}  // namespace lbbsp::runtime
