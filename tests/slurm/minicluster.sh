@@ -66,7 +66,7 @@ minicluster_start() {
   dd if=/dev/urandom of="$MC_DIR/munge/munge.key" bs=1024 count=1 status=none
   chmod 0400 "$MC_DIR/munge/munge.key"
   MC_NODE=$(hostname -s)
-  MC_CPUS=$(nproc)
+  MC_CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
   local ctld_port slurmd_port
   ctld_port=$(mc_free_port)
   slurmd_port=$(mc_free_port)
