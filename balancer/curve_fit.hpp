@@ -11,11 +11,11 @@ struct BatchTimePoint {
   double time_s = 0.0;
 };
 
-// Least-squares hinge fit t = floor + slope * max(0, b - sat) over the candidate saturation points {0} and
-// each observed batch, with floor, slope >= 0 (ties go to the smaller sat). One distinct batch gives the line
-// through the origin (the CPU assumption); an all-flat fit is extended beyond the largest batch with slope
-// floor/b_max so that a worker is never predicted to take unbounded work for free. Points with b <= 0 or a
-// bad time are ignored; none left gives the zero curve.
+// Least-squares hinge fit t = floor + slope * max(0, b - sat) with floor, slope >= 0: the knot at 0, at an
+// observed batch, or inside a gap between two (flat mean left, line right); ties go to the smaller sat. One
+// distinct batch gives the line through the origin (the CPU assumption). A flat fit is extended beyond the
+// largest batch with slope floor / b_max, so a worker is never predicted to take unbounded work for free.
+// Points with b <= 0 or a bad time are ignored; none left gives the zero curve.
 TimeCurve fit_time_curve(const std::vector<BatchTimePoint>& points);
 
 }  // namespace lbbsp::balancer
