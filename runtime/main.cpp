@@ -2,10 +2,12 @@
 #include <cstdio>
 #include <exception>
 
+#include "runtime/comm.hpp"
 #include "runtime/commands.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"lbbsp: straggler-free synchronous data-parallel training (LB-BSP semi-dynamic load balancing)"};
+  CLI::App app{
+      "lbbsp: straggler-free synchronous data-parallel training (LB-BSP semi-dynamic load balancing)"};
   app.set_version_flag("--version", std::string("lbbsp ") + LBBSP_VERSION);
   app.require_subcommand(1);
   lbbsp::cli::add_train_command(app);
@@ -16,6 +18,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // Under mpirun every rank parses the same flags: only the first one reports a bad flag.
+    if (lbbsp::runtime::launcher_rank() != 0) return e.get_exit_code();
     return app.exit(e);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "lbbsp: error: %s\n", e.what());

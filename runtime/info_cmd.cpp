@@ -1,0 +1,42 @@
+// `lbbsp info`: build configuration, topology and (under mpirun) each rank's binding.
+#include <cstdio>
+#include <cstdlib>
+
+#include "models/model.hpp"
+#include "runtime/comm.hpp"
+#include "runtime/commands.hpp"
+#include "runtime/topology.hpp"
+
+namespace lbbsp::cli {
+
+void add_info_command(CLI::App& app) {
+  auto* info = app.add_subcommand("info", "Print build configuration, hardware topology and rank bindings");
+  info->callback([] {
+    int argc = 0;
+    char** argv = nullptr;
+    runtime::Comm comm(&argc, &argv);
+    std::string line = "rank " + std::to_string(comm.rank()) + "/" + std::to_string(comm.size()) +
+                       " (local " + std::to_string(comm.local_rank()) + "): bound to " +
+                       runtime::current_binding();
+    if (comm.is_root()) {
+      std::printf("lbbsp %s\n", LBBSP_VERSION);
+#ifdef LBBSP_WITH_CUDA
+      std::printf("cuda backend: built\n");
+#else
+      std::printf("cuda backend: not built\n");
+#endif
+      std::printf("topology: %s\n", runtime::describe_topology().c_str());
+      std::printf("kernel threads: %d\n", models::num_threads());
+    }
+    // Print in rank order.
+    for (int r = 0; r < comm.size(); ++r) {
+      if (r == comm.rank()) {
+        std::printf("%s\n", line.c_str());
+        std::fflush(stdout);
+      }
+      comm.barrier();
+    }
+  });
+}
+
+}  // namespace lbbsp::cli

@@ -1,0 +1,31 @@
+// Resource metrics of this rank read from /proc: CPU available to it, memory available, load.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace lbbsp::runtime {
+
+struct ResourceMetrics {
+  double cpu_avail = 1.0;  // fraction of this rank's CPUs not used by other processes since the last sample
+  double mem_avail = 1.0;  // MemAvailable / MemTotal
+  double load = 0.0;       // 1-minute load average / online CPUs
+};
+
+class ResourceMonitor {
+ public:
+  ResourceMonitor();
+  // Metrics over the interval since the previous call (the first call covers the time since construction).
+  ResourceMetrics sample();
+
+ private:
+  struct CpuTimes {
+    uint64_t busy = 0, total = 0;
+  };
+  CpuTimes read_cpu_times() const;
+  std::vector<int> cpus_;  // the CPUs this process may run on
+  CpuTimes last_;
+  double last_own_s_ = 0, last_wall_s_ = 0;
+  long ticks_per_s_ = 100;
+};
+
+}  // namespace lbbsp::runtime

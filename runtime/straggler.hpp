@@ -1,0 +1,91 @@
+// Straggler emulation (--straggle SPEC): recreates a non-dedicated cluster on a small, quiet machine.
+//
+//   SPEC    := KIND [";" OPTION]...
+//   KIND    := none | static:F0,F1,...        capacity factor per rank (cycled when fewer than ranks)
+//            | trace:PATH[,PATH...]          capacity time series (files or folders, see runtime/traces.hpp)
+//            | stress:RANK=LOAD[,...]        a real stress-ng co-tenant next to RANK at LOAD percent
+//   OPTION  := scale=S          seconds of training per trace step (default 1)
+//            | offset=O[,O...]  trace step each rank starts at (default: seeded random)
+//            | noise=SD         Gaussian noise on the CPU availability reported in replay (default 0)
+//            | period=S         stress: co-tenant on for S seconds, off for S seconds (default: always on)
+//            | gpu=FLOOR:SAT:SLOPE:CAP[,...]  GPU-like cost per rank: time(b) = FLOOR + SLOPE*(b-SAT)+
+//            seconds
+//                               divided by the capacity, and at most CAP samples (more is an out-of-memory
+//                               error)
+//            | seed=N           seed for trace assignment, offsets and noise (default: the training seed)
+#pragma once
+#include <sys/types.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "balancer/balancer.hpp"
+#include "runtime/monitor.hpp"
+
+namespace lbbsp::runtime {
+
+struct CapacitySeries {
+  std::string source;
+  std::vector<double> capacity;   // one value per trace step, in [0.05, 1]
+  std::vector<double> mem_avail;  // per step, empty when the trace has no memory column
+};
+
+class Straggler {
+ public:
+  // Throws std::invalid_argument naming the spec part (and trace file/line) that is wrong.
+  Straggler(const std::string& spec, int ranks, uint64_t seed);
+  ~Straggler();
+  Straggler(const Straggler&) = delete;
+  Straggler& operator=(const Straggler&) = delete;
+
+  const std::string& spec() const { return spec_; }
+  bool active() const { return kind_ != Kind::kNone; }
+  bool replay() const { return kind_ == Kind::kStatic || kind_ == Kind::kTrace; }
+  bool gpu_profile() const { return !curves_.empty(); }
+
+  // Emulated capacity factor of `rank` at `elapsed_s` seconds of training (1 for real interference).
+  double capacity(int rank, double elapsed_s) const;
+  // Most samples `rank` may hold (GPU profile), else no limit.
+  int64_t mem_cap(int rank) const;
+  // GPU-like cost curve of `rank` at `elapsed_s` (already divided by the capacity); zero curve without a
+  // profile.
+  balancer::TimeCurve curve(int rank, double elapsed_s) const;
+  // The compute time to report for a slice that really took real_s: stretched by the capacity (or raised to
+  // the GPU curve). Throws when batch exceeds the GPU memory cap, as an out-of-memory would.
+  double emulated_seconds(int rank, double elapsed_s, int64_t batch, double real_s) const;
+  // Sleeps until an emulated compute that started `real_s` ago has lasted `target_s`.
+  static void stretch_to(double real_s, double target_s);
+  // Metrics reported to predictors: from the trace in replay mode (with noise), else measured from /proc.
+  ResourceMetrics metrics(int rank, double elapsed_s, const ResourceMetrics& measured);
+
+  // Real interference: starts this rank's stress-ng co-tenant (if any) on the CPUs this rank runs on.
+  void start_cotenant(int rank);
+  void stop_cotenant();
+
+ private:
+  enum class Kind { kNone, kStatic, kTrace, kStress };
+  const CapacitySeries& series_of(int rank) const;
+  int64_t step_of(int rank, double elapsed_s) const;
+
+  std::string spec_;
+  Kind kind_ = Kind::kNone;
+  int ranks_ = 1;
+  double scale_s_ = 1.0;
+  double noise_sd_ = 0.0;
+  double period_s_ = 0.0;
+  uint64_t seed_ = 0;
+  std::vector<double> static_factors_;
+  std::vector<CapacitySeries> series_;  // trace: loaded series
+  std::vector<int> series_of_rank_;     // trace: which series each rank replays
+  std::vector<int64_t> offsets_;        // trace: start step per rank
+  std::vector<balancer::TimeCurve> curves_;
+  std::vector<int64_t> caps_;
+  std::vector<int> stress_load_;  // percent per rank, 0 = none
+  pid_t cotenant_ = -1;
+  uint64_t noise_state_ = 0;
+  void* switcher_ = nullptr;  // std::thread* toggling the co-tenant on a period
+};
+
+}  // namespace lbbsp::runtime

@@ -1,0 +1,102 @@
+// `lbbsp train`: one rank or many under mpirun/srun. Any error on any rank ends the whole job.
+#include <chrono>
+#include <cstdio>
+#include <stdexcept>
+#include <thread>
+
+#include "runtime/comm.hpp"
+#include "runtime/commands.hpp"
+#include "runtime/trainer.hpp"
+
+namespace lbbsp::cli {
+
+void add_train_command(CLI::App& app) {
+  static runtime::TrainConfig c;
+  auto* t = app.add_subcommand("train", "Train a model with synchronous data parallelism and load balancing");
+  t->add_option("--data", c.data, "HDF5 dataset (lbbsp data ...)")->required()->check(CLI::ExistingFile);
+  t->add_option("--model", c.model, "logreg | mlp | cnn")
+      ->check(CLI::IsMember({"logreg", "mlp", "cnn"}))
+      ->capture_default_str();
+  t->add_option("--hidden", c.hidden, "MLP hidden widths, e.g. 256,128")
+      ->delimiter(',')
+      ->capture_default_str();
+  t->add_option("--epochs", c.epochs, "Epochs")->check(CLI::PositiveNumber)->capture_default_str();
+  t->add_option("--global-batch", c.global_batch, "Global batch X (sum of all ranks' batches)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  t->add_option("--lr", c.lr, "Learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  t->add_option("--momentum", c.momentum, "SGD momentum")
+      ->check(CLI::Range(0.0, 0.9999))
+      ->capture_default_str();
+  t->add_option("--weight-decay", c.weight_decay, "Weight decay")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  t->add_option("--lr-schedule", c.lr_schedule, "constant | step:EVERY:GAMMA | cosine")
+      ->capture_default_str();
+  t->add_option("--warmup-iterations", c.warmup_iterations, "Linear learning-rate warm-up")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  t->add_option("--seed", c.seed, "Seed (initialisation, data order, emulation)")->capture_default_str();
+  t->add_option("--threads", c.threads, "Kernel threads per rank")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  t->add_option("--max-iterations", c.max_iterations, "Stop after K iterations (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  t->add_option("--train-subset", c.train_subset, "Use only the first N training samples")
+      ->check(CLI::NonNegativeNumber);
+  t->add_option("--test-subset", c.test_subset, "Evaluate on the first N test samples")
+      ->check(CLI::NonNegativeNumber);
+  t->add_option("--data-memory-mb", c.data_memory_mb,
+                "Load a split into memory when it fits in this many MiB")
+      ->capture_default_str();
+  t->add_option("--balancer", c.balancer,
+                "bsp | static[:K] | random:SEED | lbbsp-cpu | lbbsp-gpu | lbbsp-gpu-model | oracle")
+      ->capture_default_str();
+  t->add_option("--predictor", c.predictor,
+                "Speed predictor for lbbsp-cpu: narx | arima | ema | last | oracle")
+      ->capture_default_str();
+  t->add_option("--min-batch", c.min_batch, "Smallest batch any rank gets")->check(CLI::NonNegativeNumber);
+  t->add_option("--lag", c.lag, "0: decide after each allreduce; 1: decide one iteration ahead, overlapped")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
+  t->add_option("--straggle", c.straggle, "Straggler emulation spec (see README)")->capture_default_str();
+  t->add_option("--log-dir", c.log_dir, "Write per-iteration telemetry (telemetry.h5) here");
+  t->add_flag("--csv", c.csv, "Also write telemetry.csv in --log-dir");
+  t->add_option("--timeline", c.timeline, "Write a Chrome-trace/Perfetto JSON timeline");
+  t->add_option("--summary-json", c.summary_json, "Write the run's summary as JSON");
+  t->add_option("--save-params", c.save_params, "Write the final parameters (HDF5, one dataset per tensor)");
+  t->add_option("--bind", c.bind,
+                "core: bind each rank to its cores with hwloc; none: leave it to the launcher")
+      ->check(CLI::IsMember({"core", "none"}))
+      ->capture_default_str();
+  t->add_option("--inject-fault", c.inject_fault, "RANK:ITERATION:KIND (throw|abort|nan|hang), for tests");
+  t->add_option("--iteration-timeout", c.iteration_timeout_s,
+                "End the job when a rank makes no progress this long (s)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  t->add_option("--eval-every", c.eval_every, "Evaluate every N iterations (0: after each epoch)")
+      ->check(CLI::NonNegativeNumber);
+  t->add_option("--target-accuracy", c.target_accuracy,
+                "Report the training time to reach this test accuracy")
+      ->check(CLI::Range(0.0, 1.0));
+  t->add_option("--progress-every", c.progress_every, "Progress line every N iterations")
+      ->check(CLI::NonNegativeNumber);
+  t->add_flag("--quiet", c.quiet, "Print nothing but errors");
+
+  t->callback([] {
+    int argc = 0;
+    char** argv = nullptr;
+    runtime::Comm comm(&argc, &argv);
+    try {
+      runtime::run_training(c, comm);
+    } catch (const std::invalid_argument& e) {
+      // Bad configuration is the same on every rank: let rank 0 say it once; the others follow its abort.
+      if (!comm.is_root()) std::this_thread::sleep_for(std::chrono::seconds(3));
+      comm.abort(e.what(), 2);
+    } catch (const std::exception& e) {
+      comm.abort(e.what(), 1);
+    }
+  });
+}
+
+}  // namespace lbbsp::cli

@@ -1,0 +1,582 @@
+#include "runtime/trainer.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <stdexcept>
+#include <thread>
+
+#include "models/model.hpp"
+#include "models/optimizer.hpp"
+#include "runtime/batch_manager.hpp"
+#include "runtime/dataset.hpp"
+#include "runtime/h5.hpp"
+#include "runtime/monitor.hpp"
+#include "runtime/straggler.hpp"
+#include "runtime/telemetry.hpp"
+#include "runtime/topology.hpp"
+
+namespace lbbsp::runtime {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Per-rank fields riding in the gradient allreduce buffer (rank i writes only its own slot; the sum delivers
+// every slot to every rank without an extra message).
+enum Slot { kCompute = 0, kCpu, kMem, kLoad, kCapacity, kRealCompute, kSlotFields };
+
+struct Fault {
+  int rank = -1;
+  int64_t iteration = -1;
+  std::string kind;
+};
+
+Fault parse_fault(const std::string& spec, int ranks) {
+  Fault f;
+  if (spec.empty()) return f;
+  auto a = spec.find(':'), b = spec.rfind(':');
+  if (a == std::string::npos || a == b) {
+    throw std::invalid_argument("--inject-fault '" + spec +
+                                "': expected RANK:ITERATION:KIND (KIND = throw, abort, nan, hang)");
+  }
+  try {
+    f.rank = std::stoi(spec.substr(0, a));
+    f.iteration = std::stoll(spec.substr(a + 1, b - a - 1));
+  } catch (const std::exception&) {
+    throw std::invalid_argument("--inject-fault '" + spec + "': RANK and ITERATION must be integers");
+  }
+  f.kind = spec.substr(b + 1);
+  if (f.kind != "throw" && f.kind != "abort" && f.kind != "nan" && f.kind != "hang") {
+    throw std::invalid_argument("--inject-fault '" + spec + "': KIND must be throw, abort, nan or hang");
+  }
+  if (f.rank < 0 || f.rank >= ranks) {
+    throw std::invalid_argument("--inject-fault '" + spec + "': rank " + std::to_string(f.rank) +
+                                " is not in 0.." + std::to_string(ranks - 1));
+  }
+  return f;
+}
+
+// Ends the job when this rank makes no progress for too long (a hung peer blocks us in the allreduce).
+class Watchdog {
+ public:
+  Watchdog(int rank, double timeout_s) : rank_(rank), timeout_s_(timeout_s) {
+    if (timeout_s_ <= 0) return;
+    beat(0, "start-up");
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        double idle = std::chrono::duration<double>(Clock::now().time_since_epoch()).count() - last_.load();
+        if (idle > timeout_s_ && !stop_.load()) {
+          std::fprintf(
+              stderr,
+              "lbbsp: rank %d: error: no progress for %.0f s in iteration %lld (%s); a rank hung or died "
+              "(--iteration-timeout %.0f)\n",
+              rank_, idle, static_cast<long long>(iteration_.load()), phase_.load(), timeout_s_);
+          std::fflush(stderr);
+          _exit(3);  // the launcher sees a rank die and ends the whole job
+        }
+      }
+    });
+  }
+  ~Watchdog() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  void beat(int64_t iteration, const char* phase) {
+    iteration_ = iteration;
+    phase_ = phase;
+    last_ = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  }
+
+ private:
+  int rank_;
+  double timeout_s_;
+  std::atomic<bool> stop_{false};
+  std::atomic<double> last_{0};
+  std::atomic<int64_t> iteration_{0};
+  std::atomic<const char*> phase_{"start-up"};
+  std::thread thread_;
+};
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+};
+
+// Every rank evaluates a contiguous share of the test set; one allreduce sums loss and correct counts.
+EvalResult evaluate(models::Model& model, const std::vector<float>& params, const Dataset& test, int64_t rows,
+                    Comm& comm) {
+  int64_t lo = rows * comm.rank() / comm.size(), hi = rows * (comm.rank() + 1) / comm.size();
+  const int64_t chunk = 512;
+  const int dim = test.shape().size();
+  std::vector<float> x(chunk * dim);
+  std::vector<uint8_t> y(chunk);
+  std::vector<int64_t> idx(chunk);
+  double sums[2] = {0, 0};
+  for (int64_t s = lo; s < hi; s += chunk) {
+    int64_t n = std::min(chunk, hi - s);
+    std::iota(idx.begin(), idx.begin() + n, s);
+    test.gather(idx.data(), n, x.data(), y.data());
+    auto st = model.evaluate(params.data(), x.data(), y.data(), static_cast<int>(n));
+    sums[0] += st.loss_sum;
+    sums[1] += static_cast<double>(st.correct);
+  }
+  comm.allreduce_sum(sums, 2);
+  return {rows ? sums[0] / rows : 0.0, rows ? sums[1] / rows : 0.0};
+}
+
+void save_params(const std::string& path, const models::Model& model, const std::vector<float>& params,
+                 const TrainConfig& cfg, int64_t iterations) {
+  auto tmp = path + ".tmp";
+  {
+    h5::Handle f = h5::create_file(tmp);
+    h5::Handle g = h5::ensure_group(f, "/params");
+    for (const auto& t : model.tensors()) {
+      std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+      h5::write_f32(g, t.name, params.data() + t.offset, dims);
+    }
+    h5::Handle root(H5Gopen2(f, "/", H5P_DEFAULT));
+    h5::write_string_attr(root, "model", model.name());
+    h5::write_i64_attr(root, "iterations", iterations);
+    h5::write_i64_attr(root, "global_batch", cfg.global_batch);
+    h5::write_i64_attr(root, "seed", static_cast<int64_t>(cfg.seed));
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+bool stdout_is_tty() {
+  return isatty(STDOUT_FILENO) == 1;
+}
+
+std::string format_eta(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  char buf[32];
+  int h = static_cast<int>(s / 3600), m = static_cast<int>(std::fmod(s, 3600) / 60),
+      sec = static_cast<int>(std::fmod(s, 60));
+  if (h)
+    std::snprintf(buf, sizeof buf, "%dh%02dm", h, m);
+  else
+    std::snprintf(buf, sizeof buf, "%dm%02ds", m, sec);
+  return buf;
+}
+
+}  // namespace
+
+std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> p(n);
+  std::iota(p.begin(), p.end(), 0);
+  // splitmix64 stream: portable, no dependence on std::uniform_int_distribution's implementation.
+  uint64_t state = seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(epoch) * 0xBF58476D1CE4E5B9ULL + 1;
+  auto next = [&] {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  };
+  for (int64_t i = n - 1; i > 0; --i) {
+    auto j = static_cast<int64_t>(next() % static_cast<uint64_t>(i + 1));
+    std::swap(p[i], p[j]);
+  }
+  return p;
+}
+
+void run_training(const TrainConfig& cfg, Comm& comm) {
+  const int R = comm.size(), me = comm.rank();
+  const bool root = comm.is_root();
+  const Fault fault = parse_fault(cfg.inject_fault, R);
+  if (cfg.global_batch < 1) throw std::invalid_argument("--global-batch must be >= 1");
+  if (cfg.epochs < 1) throw std::invalid_argument("--epochs must be >= 1");
+  if (cfg.threads < 1) throw std::invalid_argument("--threads must be >= 1");
+  if (cfg.lag != 0 && cfg.lag != 1) throw std::invalid_argument("--lag must be 0 or 1");
+  if (cfg.bind != "none" && cfg.bind != "core") throw std::invalid_argument("--bind must be core or none");
+  if (!(cfg.lr > 0) || !std::isfinite(cfg.lr)) throw std::invalid_argument("--lr must be a positive number");
+
+  if (cfg.bind == "core") bind_to_cores(comm.local_rank() * cfg.threads, cfg.threads);
+  models::set_num_threads(cfg.threads);
+
+  // Data and model (every rank holds the whole dataset: slices change every iteration).
+  Dataset train(cfg.data, "train", cfg.data_memory_mb << 20);
+  Dataset test(cfg.data, "test", cfg.data_memory_mb << 20);
+  const int64_t n_train = cfg.train_subset > 0 ? std::min(cfg.train_subset, train.size()) : train.size();
+  const int64_t n_test = cfg.test_subset > 0 ? std::min(cfg.test_subset, test.size()) : test.size();
+  if (cfg.global_batch > n_train) {
+    throw std::invalid_argument("--global-batch " + std::to_string(cfg.global_batch) + " exceeds the " +
+                                std::to_string(n_train) + " training samples of '" + cfg.data + "'");
+  }
+  models::ModelConfig mc;
+  mc.kind = cfg.model;
+  mc.input = train.shape();
+  mc.classes = train.classes();
+  mc.hidden = cfg.hidden;
+  auto model = models::make_model(mc);
+  const size_t P = model->num_params();
+  std::vector<float> params(P);
+  model->init_params(params.data(), cfg.seed);
+  models::Sgd sgd(P, cfg.momentum, cfg.weight_decay);
+
+  const int64_t X = cfg.global_batch;
+  const int64_t per_epoch = n_train / X;  // the last partial batch of an epoch is dropped
+  int64_t total = per_epoch * cfg.epochs;
+  if (cfg.max_iterations > 0) total = std::min(total, cfg.max_iterations);
+  auto schedule = models::parse_lr_schedule(cfg.lr_schedule, cfg.lr, cfg.warmup_iterations, total);
+
+  Straggler straggler(cfg.straggle, R, cfg.seed);
+  ResourceMonitor monitor;
+  constexpr int kExo = 3;  // cpu_avail, mem_avail, load
+
+  balancer::BalancerConfig bc;
+  bc.name = cfg.balancer;
+  bc.predictor = cfg.predictor;
+  bc.workers = R;
+  bc.global_batch = X;
+  bc.min_batch = cfg.min_batch;
+  bc.num_exo = kExo;
+  bc.seed = cfg.seed;
+  std::unique_ptr<BatchSizeManager> manager;
+  std::vector<int64_t> batch(R);
+  std::string setup_error;
+  if (root) {
+    try {
+      manager = std::make_unique<BatchSizeManager>(bc, cfg.lag);
+      batch = manager->initial();
+    } catch (const std::exception& e) {
+      setup_error = e.what();
+    }
+  }
+  comm.bcast(&setup_error);
+  if (!setup_error.empty()) {
+    if (root) throw std::invalid_argument(setup_error);
+    return comm.barrier();  // rank 0 aborts the job with the message
+  }
+  comm.bcast(batch.data(), R);
+
+  std::unique_ptr<TelemetryWriter> telemetry;
+  std::unique_ptr<Timeline> timeline;
+  if (root && !cfg.log_dir.empty()) {
+    telemetry = std::make_unique<TelemetryWriter>(
+        cfg.log_dir, cfg.csv,
+        std::vector<std::pair<std::string, std::string>>{{"model", cfg.model},
+                                                         {"balancer", cfg.balancer},
+                                                         {"predictor", cfg.predictor},
+                                                         {"straggle", cfg.straggle},
+                                                         {"ranks", std::to_string(R)},
+                                                         {"global_batch", std::to_string(X)}});
+  }
+  if (root && !cfg.timeline.empty()) {
+    timeline = std::make_unique<Timeline>(cfg.timeline);
+    for (int r = 0; r < R; ++r) timeline->name_process(r, "rank " + std::to_string(r));
+  }
+  if (root && !cfg.quiet) {
+    std::printf(
+        "lbbsp: %s on %s (%lld train / %lld test samples, %zu parameters), %d rank(s) x %d thread(s), "
+        "global batch %lld, balancer %s%s, straggle %s\n",
+        model->name().c_str(), cfg.data.c_str(), static_cast<long long>(n_train),
+        static_cast<long long>(n_test), P, R, cfg.threads, static_cast<long long>(X), cfg.balancer.c_str(),
+        cfg.balancer == "lbbsp-cpu" ? ("/" + cfg.predictor).c_str() : "", cfg.straggle.c_str());
+    std::fflush(stdout);
+  }
+
+  // Buffer: [gradient P | loss, correct | R per-rank slots | R batch sizes for lag 1].
+  const size_t off_stats = P, off_slots = P + 2, off_next = off_slots + static_cast<size_t>(R) * kSlotFields;
+  const size_t buf_len = off_next + static_cast<size_t>(R);
+  std::vector<float> buf(buf_len);
+  const int dim = train.shape().size();
+  std::vector<float> x;
+  std::vector<uint8_t> y;
+  std::vector<int64_t> perm, rows;
+  std::vector<double> predicted(R, 0.0);
+  straggler.start_cotenant(me);
+  Watchdog watchdog(me, cfg.iteration_timeout_s);
+
+  // Statistics for progress and the summary.
+  double train_time = 0, coord_time = 0, wait_rank_time = 0, last_iter_s = 0;
+  double epoch_loss = 0, last_train_loss = NAN;
+  int64_t epoch_samples = 0, epoch_correct = 0;
+  double last_test_acc = NAN, last_test_loss = NAN, time_to_target = -1;
+  nlohmann::json curve = nlohmann::json::array();
+  const bool tty = root && stdout_is_tty() && !cfg.quiet;
+  const int64_t progress_every =
+      cfg.progress_every > 0 ? cfg.progress_every : std::max<int64_t>(1, total / 20);
+
+  comm.barrier();
+  const auto t0 = Clock::now();
+  int64_t it = 0;
+  for (; it < total; ++it) {
+    const int64_t epoch = it / per_epoch, pos = it % per_epoch;
+    if (pos == 0) perm = epoch_permutation(n_train, cfg.seed, epoch);
+    const auto t_iter = Clock::now();
+    const double elapsed = seconds_since(t0);
+    watchdog.beat(it, "compute");
+
+    // My slice of the global batch: positions [pos*X + b_0 + ... + b_{me-1}, + b_me) of the permutation.
+    int64_t offset = 0;
+    for (int r = 0; r < me; ++r) offset += batch[r];
+    const int64_t n = batch[me];
+    rows.assign(perm.begin() + pos * X + offset, perm.begin() + pos * X + offset + n);
+    x.resize(static_cast<size_t>(n) * dim);
+    y.resize(n);
+    std::fill(buf.begin(), buf.end(), 0.0f);
+
+    const auto t_compute = Clock::now();
+    if (it == fault.iteration && me == fault.rank) {
+      if (fault.kind == "throw")
+        throw std::runtime_error("injected fault (throw) at iteration " + std::to_string(it));
+      if (fault.kind == "abort") std::abort();
+      if (fault.kind == "hang") {
+        watchdog.beat(it, "injected hang");
+        while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+      }
+    }
+    train.gather(rows.data(), n, x.data(), y.data());
+    auto stats = model->forward_backward(params.data(), x.data(), y.data(), static_cast<int>(n), buf.data());
+    if (it == fault.iteration && me == fault.rank && fault.kind == "nan") stats.loss_sum = NAN;
+    const double real_s = seconds_since(t_compute);
+    const double target_s = straggler.emulated_seconds(me, elapsed, n, real_s);
+    Straggler::stretch_to(seconds_since(t_compute), target_s);
+    const double compute_s = seconds_since(t_compute);
+    const auto metrics = straggler.metrics(me, seconds_since(t0), monitor.sample());
+
+    buf[off_stats] = static_cast<float>(stats.loss_sum);
+    buf[off_stats + 1] = static_cast<float>(stats.correct);
+    float* slot = buf.data() + off_slots + static_cast<size_t>(me) * kSlotFields;
+    slot[kCompute] = static_cast<float>(compute_s);
+    slot[kCpu] = static_cast<float>(metrics.cpu_avail);
+    slot[kMem] = static_cast<float>(metrics.mem_avail);
+    slot[kLoad] = static_cast<float>(metrics.load);
+    slot[kCapacity] = static_cast<float>(straggler.capacity(me, elapsed));
+    slot[kRealCompute] = static_cast<float>(real_s);
+
+    double coord_s = 0;
+    if (root && cfg.lag == 1) {
+      // The decision for this iteration + 1 ran on a thread while we computed; waiting for it is
+      // coordination.
+      auto t = Clock::now();
+      std::vector<int64_t> next = manager->pending() ? manager->collect() : batch;
+      for (int r = 0; r < R; ++r) buf[off_next + r] = static_cast<float>(next[r]);
+      coord_s += seconds_since(t);
+    }
+
+    watchdog.beat(it, "allreduce");
+    const auto t_ar = Clock::now();
+    comm.allreduce_sum(buf.data(), buf_len);
+    const double ar_s = seconds_since(t_ar);
+
+    const double loss_sum = buf[off_stats], correct = buf[off_stats + 1];
+    if (!std::isfinite(loss_sum)) {
+      throw std::runtime_error("training loss is " + std::string(std::isnan(loss_sum) ? "NaN" : "Inf") +
+                               " at iteration " + std::to_string(it) + " (epoch " + std::to_string(epoch) +
+                               "); lower --lr or check the data");
+    }
+    sgd.step(params.data(), buf.data(), X, schedule.lr_at(it));
+    epoch_loss += loss_sum;
+    epoch_correct += static_cast<int64_t>(correct);
+    epoch_samples += X;
+
+    // Rank 0: everybody's report -> next batch vector.
+    watchdog.beat(it, "balancer");
+    const auto t_coord = Clock::now();
+    double max_compute = 0;
+    for (int r = 0; r < R; ++r)
+      max_compute = std::max<double>(max_compute, buf[off_slots + r * kSlotFields + kCompute]);
+    std::vector<int64_t> next_batch(R);
+    if (root) {
+      balancer::IterationReport report;
+      report.iteration = it;
+      report.workers.resize(R);
+      // Lag 0 decides for the next iteration (starts now); lag 1 for the one after (starts one iteration
+      // later).
+      const double next_start = seconds_since(t0) + (cfg.lag == 1 ? last_iter_s : 0.0);
+      for (int r = 0; r < R; ++r) {
+        const float* s = buf.data() + off_slots + r * kSlotFields;
+        auto& w = report.workers[r];
+        w.batch = batch[r];
+        w.compute_s = s[kCompute];
+        w.exo = {s[kCpu], s[kMem], s[kLoad]};
+        w.exo_next = w.exo;  // measured at the barrier just before the coming iteration
+        w.mem_cap = straggler.mem_cap(r);
+        w.capacity = s[kCapacity];
+        w.capacity_next = straggler.capacity(r, next_start);
+        w.curve_next = straggler.curve(r, next_start);
+      }
+      if (cfg.lag == 0) {
+        next_batch = manager->decide(report);
+      } else {
+        for (int r = 0; r < R; ++r) next_batch[r] = static_cast<int64_t>(buf[off_next + r]);
+        manager->decide_async(std::move(report));
+      }
+    } else if (cfg.lag == 1) {
+      for (int r = 0; r < R; ++r) next_batch[r] = static_cast<int64_t>(buf[off_next + r]);
+    }
+    if (cfg.lag == 0) comm.bcast(next_batch.data(), R);
+    coord_s += seconds_since(t_coord);
+    // The metric slots and lag-1 batch slots ride in the allreduce: charge their share of it as coordination.
+    coord_s += ar_s * static_cast<double>(buf_len - P - 2) / static_cast<double>(buf_len);
+
+    const double iter_s = seconds_since(t_iter);
+    last_iter_s = iter_s;
+    train_time += iter_s;
+    coord_time += coord_s;
+    const double wait_me = max_compute - compute_s;
+    (void)wait_me;
+    double wait_sum = 0;
+    for (int r = 0; r < R; ++r) wait_sum += max_compute - buf[off_slots + r * kSlotFields + kCompute];
+    wait_rank_time += wait_sum;
+
+    if (root) {
+      const double ar_only = std::max(0.0, ar_s - (max_compute - compute_s));
+      for (int r = 0; r < R; ++r) {
+        const float* s = buf.data() + off_slots + r * kSlotFields;
+        IterationRecord rec;
+        rec.iteration = it;
+        rec.rank = r;
+        rec.batch = batch[r];
+        rec.compute_s = s[kCompute];
+        rec.wait_s = max_compute - s[kCompute];
+        rec.allreduce_s = ar_only;
+        rec.balancer_s = coord_s;
+        rec.predicted_speed = predicted[r];
+        rec.actual_speed = s[kCompute] > 0 ? batch[r] / s[kCompute] : 0.0;
+        rec.cpu_avail = s[kCpu];
+        rec.mem_avail = s[kMem];
+        rec.load = s[kLoad];
+        rec.capacity = s[kCapacity];
+        if (telemetry) telemetry->add(rec);
+        if (timeline) {
+          const double start = std::chrono::duration<double>(t_compute - t0).count();
+          char args[160];
+          std::snprintf(args, sizeof args, "{\"iteration\":%lld,\"batch\":%lld,\"predicted_s\":%.6f}",
+                        static_cast<long long>(it), static_cast<long long>(batch[r]),
+                        predicted[r] > 0 ? batch[r] / predicted[r] : 0.0);
+          timeline->complete(r, "compute", "compute", start, rec.compute_s, args);
+          if (rec.wait_s > 0) timeline->complete(r, "wait", "wait", start + rec.compute_s, rec.wait_s, "");
+          timeline->complete(r, "allreduce", "allreduce", start + max_compute, ar_only, "");
+          timeline->complete(r, "balancer", "balancer", start + max_compute + ar_only, coord_s, "");
+        }
+      }
+      auto p = manager->predicted_speeds();
+      // Predictions made now are for the iteration they decided (next one with lag 0, the one after with lag
+      // 1).
+      if (!p.empty()) predicted = p;
+      if (telemetry && (it + 1) % 200 == 0) telemetry->flush();
+      if (timeline) timeline->flush();
+    }
+    batch = next_batch;
+
+    // Evaluation after each epoch (or every eval_every iterations) and at the end.
+    const bool epoch_end = pos == per_epoch - 1;
+    const bool eval_now =
+        (cfg.eval_every > 0 ? (it + 1) % cfg.eval_every == 0 : epoch_end) || it + 1 == total;
+    if (epoch_end || it + 1 == total) {
+      last_train_loss = epoch_samples ? epoch_loss / epoch_samples : NAN;
+    }
+    if (eval_now) {
+      watchdog.beat(it, "evaluation");
+      auto ev = evaluate(*model, params, test, n_test, comm);
+      last_test_acc = ev.accuracy;
+      last_test_loss = ev.loss;
+      if (cfg.target_accuracy > 0 && time_to_target < 0 && ev.accuracy >= cfg.target_accuracy)
+        time_to_target = train_time;
+      curve.push_back({{"iteration", it + 1},
+                       {"epoch", static_cast<double>(it + 1) / per_epoch},
+                       {"train_time_s", train_time},
+                       {"test_accuracy", ev.accuracy},
+                       {"test_loss", ev.loss}});
+      if (root && !cfg.quiet) {
+        if (tty) std::printf("\n");
+        std::printf("epoch %.2f  iteration %lld/%lld  train loss %.4f  test loss %.4f  test accuracy %.4f\n",
+                    static_cast<double>(it + 1) / per_epoch, static_cast<long long>(it + 1),
+                    static_cast<long long>(total), epoch_samples ? epoch_loss / epoch_samples : NAN, ev.loss,
+                    ev.accuracy);
+        std::fflush(stdout);
+      }
+    }
+    if (epoch_end) epoch_loss = 0, epoch_samples = 0, epoch_correct = 0;
+    if (root && !cfg.quiet && (tty || (it + 1) % progress_every == 0)) {
+      const double sps = (it + 1) * X / train_time;
+      const double wf = wait_rank_time / (R * train_time);
+      const double eta = (total - it - 1) * train_time / (it + 1);
+      if (tty) {
+        int width = 30, done = static_cast<int>(width * (it + 1) / total);
+        std::printf("\r[%s%s] %lld/%lld  %.0f samples/s  wait %.1f%%  ETA %s   ",
+                    std::string(done, '#').c_str(), std::string(width - done, '.').c_str(),
+                    static_cast<long long>(it + 1), static_cast<long long>(total), sps, 100 * wf,
+                    format_eta(eta).c_str());
+      } else {
+        std::printf("iteration %lld/%lld  epoch %lld  %.0f samples/s  wait %.1f%%  ETA %s\n",
+                    static_cast<long long>(it + 1), static_cast<long long>(total),
+                    static_cast<long long>(epoch), sps, 100 * wf, format_eta(eta).c_str());
+      }
+      std::fflush(stdout);
+    }
+  }
+  watchdog.beat(it, "finish");
+  straggler.stop_cotenant();
+  if (tty) std::printf("\n");
+
+  // Every rank applied the same reduced updates: check that the parameters really agree.
+  double sum = 0, wsum = 0;
+  for (size_t i = 0; i < P; ++i) sum += params[i], wsum += params[i] * static_cast<double>((i % 97) + 1);
+  double mn = wsum, mx = wsum;
+  comm.allreduce_min_max(&mn, &mx);
+  if (mn != mx)
+    throw std::runtime_error("parameters differ across ranks after training (checksums " +
+                             std::to_string(mn) + " vs " + std::to_string(mx) + ")");
+
+  if (!root) return;
+  if (telemetry) telemetry->flush();
+  if (timeline) timeline->flush();
+  const double wall = seconds_since(t0);
+  nlohmann::json s;
+  s["model"] = model->name();
+  s["ranks"] = R;
+  s["threads"] = cfg.threads;
+  s["global_batch"] = X;
+  s["iterations"] = it;
+  s["epochs"] = static_cast<double>(it) / per_epoch;
+  s["wall_s"] = wall;
+  s["train_time_s"] = train_time;
+  s["samples_per_s"] = train_time > 0 ? it * X / train_time : 0.0;
+  s["train_loss"] = last_train_loss;
+  s["test_loss"] = last_test_loss;
+  s["test_accuracy"] = last_test_acc;
+  s["balancer"] = cfg.balancer;
+  s["predictor"] = cfg.balancer == "lbbsp-cpu" ? cfg.predictor : "";
+  s["straggle"] = cfg.straggle;
+  s["lag"] = cfg.lag;
+  s["mean_iteration_s"] = it ? train_time / it : 0.0;
+  s["wait_fraction"] = train_time > 0 ? wait_rank_time / (R * train_time) : 0.0;
+  s["balancer_overhead_fraction"] = train_time > 0 ? coord_time / train_time : 0.0;
+  s["target_accuracy"] = cfg.target_accuracy;
+  s["time_to_target_s"] = time_to_target >= 0 ? nlohmann::json(time_to_target) : nlohmann::json(nullptr);
+  s["accuracy_curve"] = curve;
+  s["params_checksum"] = wsum;
+  if (!cfg.summary_json.empty()) {
+    std::ofstream out(cfg.summary_json);
+    if (!out) throw std::runtime_error("--summary-json: cannot write '" + cfg.summary_json + "'");
+    out << s.dump(2) << "\n";
+  }
+  if (!cfg.save_params.empty()) save_params(cfg.save_params, *model, params, cfg, it);
+  if (!cfg.quiet) {
+    std::printf(
+        "done: %lld iterations in %.2f s (%.0f samples/s), mean iteration %.4f s, wait %.1f%%, "
+        "coordination %.2f%%, test accuracy %.4f\n",
+        static_cast<long long>(it), wall, s["samples_per_s"].get<double>(),
+        s["mean_iteration_s"].get<double>(), 100 * s["wait_fraction"].get<double>(),
+        100 * s["balancer_overhead_fraction"].get<double>(), last_test_acc);
+  }
+}
+
+}  // namespace lbbsp::runtime

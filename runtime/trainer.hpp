@@ -1,0 +1,54 @@
+// The BSP training loop: per-rank slices of one seeded global batch, one allreduce per iteration, rank 0
+// re-sizing the slices through the BatchSizeManager. Hooks (telemetry, timeline, progress) observe it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/comm.hpp"
+
+namespace lbbsp::runtime {
+
+struct TrainConfig {
+  std::string data;
+  std::string model = "mlp";
+  std::vector<int> hidden = {256, 128};
+  int epochs = 1;
+  int64_t global_batch = 64;
+  double lr = 0.05;
+  double momentum = 0.9;
+  double weight_decay = 0.0;
+  std::string lr_schedule = "constant";
+  int64_t warmup_iterations = 0;
+  uint64_t seed = 1;
+  int threads = 1;
+  int64_t max_iterations = 0;  // 0: no limit
+  int64_t train_subset = 0;    // use only the first N training rows (0: all)
+  int64_t test_subset = 0;     // evaluate on the first N test rows (0: all)
+  size_t data_memory_mb = 4096;
+  std::string balancer = "bsp";
+  std::string predictor = "narx";
+  int64_t min_batch = 0;
+  int lag = 0;
+  std::string straggle = "none";
+  std::string log_dir;
+  bool csv = false;
+  std::string timeline;
+  std::string summary_json;
+  std::string save_params;
+  std::string bind = "none";
+  std::string inject_fault;          // RANK:ITERATION:KIND
+  double iteration_timeout_s = 300;  // a rank stuck this long ends the job
+  int64_t eval_every = 0;            // evaluate every N iterations (0: after each epoch)
+  double target_accuracy = 0;        // report training time to reach it (0: off)
+  int64_t progress_every = 0;        // plain progress line every N iterations (0: about 20 per run)
+  bool quiet = false;
+};
+
+// Runs the whole training on this rank. Throws on any error (the caller aborts the job with the message).
+void run_training(const TrainConfig& cfg, Comm& comm);
+
+// Fisher-Yates with our own index draw, so the permutation is the same on every platform and library.
+std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
+
+}  // namespace lbbsp::runtime
