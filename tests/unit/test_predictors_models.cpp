@@ -1,0 +1,120 @@
+// ARIMA estimation and NARX learning on series where the right answer is known.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "predictors/arima.hpp"
+#include "predictors/narx.hpp"
+#include "predictors/predictor.hpp"
+
+using namespace lbbsp::predictors;
+
+TEST(Arima, DifferenceAndOrderZeroFit) {
+  std::vector<double> x = {1, 4, 9, 16, 25};
+  EXPECT_EQ(difference(x, 1), (std::vector<double>{3, 5, 7, 9}));
+  EXPECT_EQ(difference(x, 2), (std::vector<double>{2, 2, 2}));
+  ArmaFit fit = fit_hannan_rissanen(x, 0, 0);
+  ASSERT_TRUE(fit.ok);
+  EXPECT_DOUBLE_EQ(fit.mean, 11.0);
+  // A quadratic is forecast exactly by ARIMA(0,2,0) with a constant second difference.
+  EXPECT_NEAR(arima_forecast(x, 0, 2, 0), 36.0, 1e-12);
+}
+
+TEST(Arima, NoiseFreeAr2IsRecoveredExactly) {
+  // x_t - m = 1.2 (x_{t-1} - m) - 0.5 (x_{t-2} - m) has an exact solution; OLS on the demeaned series is
+  // exact up to the mean estimate, so use a long sample where the sample mean is the true one to rounding.
+  std::vector<double> x = {1.0, -0.5};
+  for (int t = 2; t < 400; ++t) x.push_back(1.2 * x[t - 1] - 0.5 * x[t - 2]);
+  for (double& v : x) v += 10;
+  ArmaFit fit = fit_hannan_rissanen(x, 2, 0);
+  ASSERT_TRUE(fit.ok);
+  EXPECT_NEAR(fit.ar[0], 1.2, 1e-3);
+  EXPECT_NEAR(fit.ar[1], -0.5, 1e-3);
+  EXPECT_TRUE(roots_outside_unit_circle(fit.ar));
+  EXPECT_FALSE(roots_outside_unit_circle({1.5}));
+}
+
+TEST(Arima, Arma11EstimatesAreClose) {
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> noise(0, 1);
+  std::vector<double> x;
+  double prev = 0, e_prev = 0;
+  for (int t = 0; t < 4000; ++t) {
+    double e = noise(rng);
+    double v = 0.6 * prev + e + 0.3 * e_prev;
+    x.push_back(v + 50);
+    prev = v;
+    e_prev = e;
+  }
+  ArmaFit fit = fit_hannan_rissanen(x, 1, 1);
+  ASSERT_TRUE(fit.ok);
+  EXPECT_NEAR(fit.ar[0], 0.6, 0.06);
+  EXPECT_NEAR(fit.ma[0], 0.3, 0.06);
+  EXPECT_NEAR(fit.mean, 50, 0.3);
+}
+
+TEST(Arima, PredictorBeatsLastValueOnMeanRevertingSeries) {
+  std::mt19937_64 rng(4);
+  std::normal_distribution<double> noise(0, 1);
+  auto arima = make_predictor("arima:1,0,0", 0, 0), last = make_predictor("last", 0, 0);
+  double v = 0, se_arima = 0, se_last = 0;
+  for (int t = 0; t < 2000; ++t) {
+    double pa = arima->predict({}), pl = last->predict({});
+    v = 0.3 * v + noise(rng);
+    double y = 20 + v;
+    if (t > 200) {
+      se_arima += (pa - y) * (pa - y);
+      se_last += (pl - y) * (pl - y);
+    }
+    arima->observe(y, {});
+    last->observe(y, {});
+  }
+  EXPECT_LT(se_arima, 0.7 * se_last);
+  auto& fit = static_cast<ArimaPredictor&>(*arima).last_fit();
+  ASSERT_TRUE(fit.ok);
+  EXPECT_NEAR(fit.ar[0], 0.3, 0.25);
+}
+
+// The next speed depends nonlinearly on an exogenous input known ahead of the step; only NARX can use it.
+TEST(Narx, LearnsAnExogenousNonlinearityThatEmaCannot) {
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> u(-2, 2);
+  auto narx = make_predictor("narx", 1, 1), ema = make_predictor("ema", 1, 1);
+  double load_next = u(rng), se_narx = 0, se_ema = 0;
+  for (int t = 0; t < 3000; ++t) {
+    const double load = load_next;
+    const double speed = 100 * (1.0 - 0.4 * std::tanh(2 * load) * std::tanh(2 * load));
+    if (t > 1500) {
+      double pn = narx->predict({load}), pe = ema->predict({load});
+      se_narx += (pn - speed) * (pn - speed);
+      se_ema += (pe - speed) * (pe - speed);
+    } else {
+      narx->predict({load});
+    }
+    narx->observe(speed, {load});
+    ema->observe(speed, {load});
+    load_next = u(rng);
+  }
+  EXPECT_LT(se_narx, 0.5 * se_ema) << "narx rmse " << std::sqrt(se_narx / 1499) << " ema "
+                                   << std::sqrt(se_ema / 1499);
+}
+
+// On pure noise around a level, NARX must not be worse than EMA by more than a little (its blend falls back).
+TEST(Narx, NoWorseThanEmaOnNoise) {
+  std::mt19937_64 rng(6);
+  std::normal_distribution<double> noise(0, 1);
+  auto narx = make_predictor("narx", 0, 1), ema = make_predictor("ema", 0, 1);
+  double se_narx = 0, se_ema = 0;
+  for (int t = 0; t < 3000; ++t) {
+    double y = 10 + noise(rng);
+    double pn = narx->predict({}), pe = ema->predict({});
+    if (t > 100) {
+      se_narx += (pn - y) * (pn - y);
+      se_ema += (pe - y) * (pe - y);
+    }
+    narx->observe(y, {});
+    ema->observe(y, {});
+  }
+  EXPECT_LT(se_narx, 1.02 * se_ema);
+}
