@@ -8,9 +8,10 @@ namespace lbbsp::models {
 
 namespace {
 
-// im2col chunks are sized to stay in the last-level cache; a fixed size (independent of the thread count)
-// keeps the dw summation order, and so the result, the same for any --threads.
-constexpr size_t kColChunkFloats = size_t(1) << 19;
+// im2col chunks are sized to stay in L2 (512 KiB; measured best of 2^17..2^20 floats for the CNN); a fixed
+// size (independent of the thread count) keeps the dw summation order, and so the result, the same for any
+// --threads.
+constexpr size_t kColChunkFloats = size_t(1) << 17;
 // Below this many floats of im2col work a parallel region costs more than it saves.
 constexpr size_t kParallelMinFloats = size_t(1) << 15;
 
@@ -28,10 +29,16 @@ Strides input_strides(const ConvShape& s) {
   return {1, size_t(s.width) * s.in_channels, size_t(s.in_channels)};
 }
 
+// Channels last (or a single channel): one kernel row of one output pixel reads a contiguous run of x.
+bool contiguous_taps(const ConvShape& s) {
+  return !s.input_chw || s.in_channels == 1;
+}
+
 // col[(sample, oy, ox), (ky, kx, ci)] = x(sample, ci, oy + ky - pad, ox + kx - pad), zero outside.
 void im2col(const ConvShape& s, const float* x, int samples, float* col) {
   const Strides st = input_strides(s);
   const int k = s.kernel, pad = s.pad(), c = s.in_channels, cw = s.col_width();
+  const bool runs = contiguous_taps(s);
 #pragma omp parallel for collapse(2) \
     schedule(static) if (size_t(samples) * s.height * s.width * cw > kParallelMinFloats)
   for (int n = 0; n < samples; ++n)
@@ -39,23 +46,23 @@ void im2col(const ConvShape& s, const float* x, int samples, float* col) {
       const float* xs = x + size_t(n) * s.input_size();
       float* dst = col + (size_t(n) * s.height + oy) * s.width * cw;
       for (int ox = 0; ox < s.width; ++ox, dst += cw) {
+        const int kx0 = std::max(0, pad - ox), kx1 = std::min(k, s.width + pad - ox);  // taps inside x
         float* d = dst;
-        for (int ky = 0; ky < k; ++ky) {
+        for (int ky = 0; ky < k; ++ky, d += k * c) {
           const int iy = oy + ky - pad;
           if (iy < 0 || iy >= s.height) {
             std::fill(d, d + k * c, 0.0f);
-            d += k * c;
             continue;
           }
-          for (int kx = 0; kx < k; ++kx, d += c) {
-            const int ix = ox + kx - pad;
-            if (ix < 0 || ix >= s.width) {
-              std::fill(d, d + c, 0.0f);
-              continue;
-            }
-            const float* src = xs + iy * st.row + ix * st.col;
-            for (int ci = 0; ci < c; ++ci) d[ci] = src[ci * st.channel];
+          std::fill(d, d + kx0 * c, 0.0f);
+          std::fill(d + kx1 * c, d + k * c, 0.0f);
+          const float* src = xs + iy * st.row + (ox + kx0 - pad) * st.col;
+          if (runs) {
+            std::copy(src, src + (kx1 - kx0) * c, d + kx0 * c);
+            continue;
           }
+          for (int kx = kx0; kx < kx1; ++kx, src += st.col)
+            for (int ci = 0; ci < c; ++ci) d[kx * c + ci] = src[ci * st.channel];
         }
       }
     }
@@ -77,15 +84,125 @@ void col2im(const ConvShape& s, const float* dcol, int samples, float* dx) {
         for (int ky = 0; ky < k; ++ky) {
           const int oy = iy - ky + pad;
           if (oy < 0 || oy >= s.height) continue;
-          for (int kx = 0; kx < k; ++kx) {
-            const int ox = ix - kx + pad;
-            if (ox < 0 || ox >= s.width) continue;
-            const float* src = dc + (size_t(oy) * s.width + ox) * cw + (ky * k + kx) * c;
-            for (int ci = 0; ci < c; ++ci) out[ci * st.channel] += src[ci];
+          const int kx0 = std::max(0, ix + pad - (s.width - 1)),
+                    kx1 = std::min(k, ix + pad + 1);  // ox in range
+          for (int kx = kx0; kx < kx1; ++kx) {
+            const float* src = dc + (size_t(oy) * s.width + ix - kx + pad) * cw + (ky * k + kx) * c;
+            if (st.channel == 1) {
+#pragma omp simd
+              for (int ci = 0; ci < c; ++ci) out[ci] += src[ci];
+            } else {
+              for (int ci = 0; ci < c; ++ci) out[ci * st.channel] += src[ci];
+            }
           }
         }
       }
     }
+}
+
+// Layers with a narrow im2col row (a first layer on one channel: 25 taps) skip im2col and GEMM, whose
+// packing would cost more than the arithmetic, and accumulate straight from x. Weights are staged as
+// [tap, out_channel] so the innermost loop runs over output channels (contiguous in y and dy).
+constexpr int kDirectMaxColWidth = 32;
+bool use_direct(const ConvShape& s) {
+  return s.col_width() <= kDirectMaxColWidth;
+}
+
+// The direct loops are compiled for common output-channel counts (kOc) so the channel loop fully unrolls;
+// kOc = 0 is the run-time-count fallback.
+template <int kOc>
+void direct_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
+  const Strides st = input_strides(s);
+  const int k = s.kernel, pad = s.pad(), c = s.in_channels, cw = s.col_width();
+  const int oc = kOc > 0 ? kOc : s.out_channels;
+  ws.wt.resize(std::max(ws.wt.size(), size_t(cw) * oc));
+  float* wt = ws.wt.data();
+  for (int o = 0; o < oc; ++o)
+    for (int t = 0; t < cw; ++t) wt[t * oc + o] = w[o * cw + t];
+      // Per output row, each tap adds an outer product (x along the row) x (weights over channels): the
+      // updates of one tap are independent, so there is no add-latency chain through a single accumulator.
+#pragma omp parallel for collapse(2) \
+    schedule(static) if (size_t(s.n) * s.output_size() * cw > kParallelMinFloats)
+  for (int n = 0; n < s.n; ++n)
+    for (int oy = 0; oy < s.height; ++oy) {
+      const float* xs = x + size_t(n) * s.input_size();
+      float* out = y + (size_t(n) * s.height + oy) * s.width * oc;
+      std::fill(out, out + size_t(s.width) * oc, 0.0f);
+      for (int ky = 0; ky < k; ++ky) {
+        const int iy = oy + ky - pad;
+        if (iy < 0 || iy >= s.height) continue;
+        for (int kx = 0; kx < k; ++kx) {
+          const int ox0 = std::max(0, pad - kx), ox1 = std::min(s.width, s.width + pad - kx);  // ix in range
+          for (int ci = 0; ci < c; ++ci) {
+            const float* src = xs + iy * st.row + ci * st.channel + (ox0 + kx - pad) * st.col;
+            const float* wr = wt + ((ky * k + kx) * c + ci) * oc;
+            for (int ox = ox0; ox < ox1; ++ox, src += st.col) {
+              const float v = *src;
+              float* o = out + size_t(ox) * oc;
+#pragma omp simd
+              for (int j = 0; j < oc; ++j) o[j] += v * wr[j];
+            }
+          }
+        }
+      }
+    }
+}
+
+// dw[o, tap] += sum over pixels of dy[pixel, o] * x(tap of pixel). One thread owns each kernel row ky and
+// walks the pixels in order, so the sum is the same for any thread count.
+template <int kOc>
+void direct_weight_grad(const ConvShape& s, const float* x, const float* dy, float* dw, ConvWorkspace& ws) {
+  const Strides st = input_strides(s);
+  const int k = s.kernel, pad = s.pad(), c = s.in_channels, cw = s.col_width();
+  const int oc = kOc > 0 ? kOc : s.out_channels;
+  ws.wt.resize(std::max(ws.wt.size(), size_t(cw) * oc));
+  float* acc = ws.wt.data();
+  std::fill(acc, acc + size_t(cw) * oc, 0.0f);
+#pragma omp parallel for schedule(static) if (size_t(s.n) * s.output_size() * cw > kParallelMinFloats)
+  for (int ky = 0; ky < k; ++ky)
+    for (int n = 0; n < s.n; ++n)
+      for (int oy = 0; oy < s.height; ++oy) {
+        const int iy = oy + ky - pad;
+        if (iy < 0 || iy >= s.height) continue;
+        const float* xrow = x + size_t(n) * s.input_size() + iy * st.row;
+        const float* g = dy + (size_t(n) * s.height + oy) * s.width * oc;
+        for (int ox = 0; ox < s.width; ++ox, g += oc) {
+          const int kx0 = std::max(0, pad - ox), kx1 = std::min(k, s.width + pad - ox);
+          for (int kx = kx0; kx < kx1; ++kx) {
+            const float* src = xrow + (ox + kx - pad) * st.col;
+            for (int ci = 0; ci < c; ++ci) {
+              const float v = src[ci * st.channel];
+              float* a = acc + ((ky * k + kx) * c + ci) * oc;
+#pragma omp simd
+              for (int o = 0; o < oc; ++o) a[o] += v * g[o];
+            }
+          }
+        }
+      }
+  for (int o = 0; o < oc; ++o)
+    for (int t = 0; t < cw; ++t) dw[o * cw + t] += acc[t * oc + o];
+}
+
+void direct_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
+  switch (s.out_channels) {
+    case 16:
+      return direct_forward<16>(s, x, w, y, ws);
+    case 32:
+      return direct_forward<32>(s, x, w, y, ws);
+    default:
+      return direct_forward<0>(s, x, w, y, ws);
+  }
+}
+
+void direct_weight_grad(const ConvShape& s, const float* x, const float* dy, float* dw, ConvWorkspace& ws) {
+  switch (s.out_channels) {
+    case 16:
+      return direct_weight_grad<16>(s, x, dy, dw, ws);
+    case 32:
+      return direct_weight_grad<32>(s, x, dy, dw, ws);
+    default:
+      return direct_weight_grad<0>(s, x, dy, dw, ws);
+  }
 }
 
 float input_at(const ConvShape& s, const float* x, int n, int ci, int iy, int ix) {
@@ -97,6 +214,7 @@ float input_at(const ConvShape& s, const float* x, int n, int ci, int iy, int ix
 }  // namespace
 
 void conv2d_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
+  if (use_direct(s)) return direct_forward(s, x, w, y, ws);
   const int chunk = samples_per_chunk(s), hw = s.height * s.width, cw = s.col_width();
   ws.col.resize(std::max(ws.col.size(), size_t(std::min(chunk, s.n)) * hw * cw));
   for (int s0 = 0; s0 < s.n; s0 += chunk) {
@@ -109,15 +227,20 @@ void conv2d_forward(const ConvShape& s, const float* x, const float* w, float* y
 
 void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy, float* dw,
                      float* dx, ConvWorkspace& ws) {
+  const bool direct = use_direct(s);
+  if (direct) direct_weight_grad(s, x, dy, dw, ws);
+  if (direct && !dx) return;
   const int chunk = samples_per_chunk(s), hw = s.height * s.width, cw = s.col_width();
   const size_t col_floats = size_t(std::min(chunk, s.n)) * hw * cw;
-  ws.col.resize(std::max(ws.col.size(), col_floats));
+  if (!direct) ws.col.resize(std::max(ws.col.size(), col_floats));
   if (dx) ws.dcol.resize(std::max(ws.dcol.size(), col_floats));
   for (int s0 = 0; s0 < s.n; s0 += chunk) {
     const int cs = std::min(chunk, s.n - s0), rows = cs * hw;
     const float* dys = dy + s0 * s.output_size();
-    im2col(s, x + s0 * s.input_size(), cs, ws.col.data());
-    gemm(true, false, s.out_channels, cw, rows, 1.0f, dys, s.out_channels, ws.col.data(), cw, 1.0f, dw, cw);
+    if (!direct) {
+      im2col(s, x + s0 * s.input_size(), cs, ws.col.data());
+      gemm(true, false, s.out_channels, cw, rows, 1.0f, dys, s.out_channels, ws.col.data(), cw, 1.0f, dw, cw);
+    }
     if (!dx) continue;
     gemm(false, false, rows, cw, s.out_channels, 1.0f, dys, s.out_channels, w, cw, 0.0f, ws.dcol.data(), cw);
     col2im(s, ws.dcol.data(), cs, dx + s0 * s.input_size());

@@ -1,6 +1,7 @@
 // 2-D convolution, stride 1, 'same' zero padding (odd kernel, pad = kernel / 2), no bias (the CNN adds the
 // per-channel bias after pooling, where it is 4x cheaper: max(a + b, c + b) == max(a, c) + b).
-// Fast path: im2col over a chunk of samples + one GEMM per chunk. Output and weights are channels-last:
+// Fast path: im2col over a chunk of samples + one GEMM per chunk; layers with at most 32 taps per output
+// (a first layer on one channel) use a direct loop instead. Output and weights are channels-last:
 // y [n, h, w, out_channels], w [out_channels, kernel, kernel, in_channels].
 #pragma once
 #include <cstddef>
@@ -26,6 +27,7 @@ struct ConvShape {
 struct ConvWorkspace {
   std::vector<float> col;
   std::vector<float> dcol;
+  std::vector<float> wt;  // direct path: weights or weight gradient as [tap, out_channel]
 };
 
 void conv2d_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws);
