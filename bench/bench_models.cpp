@@ -207,7 +207,9 @@ void sgd_step_bench(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * int64_t(count) * 16);
 }
 
-void register_all() {
+// With one thread, rates use process CPU time (robust on a shared machine; it matches the PyTorch peer's
+// process_time); with more, wall time (CPU time would add the threads up).
+void register_all(int threads) {
   benchmark::RegisterBenchmark("kernel/dense_forward_relu/64x784x256", dense_forward_bench);
   benchmark::RegisterBenchmark("kernel/dense_backward/64x784x256", dense_backward_bench);
   benchmark::RegisterBenchmark("kernel/conv_forward", conv_forward_bench)->ArgName("layer")->Arg(1)->Arg(2);
@@ -219,13 +221,15 @@ void register_all() {
   benchmark::RegisterBenchmark("kernel/bias_backward/64x14x14x16", bias_backward_bench);
   benchmark::RegisterBenchmark("kernel/softmax_xent/64x10", softmax_xent_bench);
   benchmark::RegisterBenchmark("kernel/sgd_step/235146", sgd_step_bench);
-  for (const char* kind : {"logreg", "mlp", "cnn"})
-    benchmark::RegisterBenchmark((std::string("train_step/") + kind).c_str(), train_step, std::string(kind))
-        ->ArgName("batch")
-        ->Arg(32)
-        ->Arg(64)
-        ->Arg(256)
-        ->Unit(benchmark::kMicrosecond);
+  for (const char* kind : {"logreg", "mlp", "cnn"}) {
+    auto* b = benchmark::RegisterBenchmark((std::string("train_step/") + kind).c_str(), train_step,
+                                           std::string(kind));
+    b->ArgName("batch")->Arg(32)->Arg(64)->Arg(256)->Unit(benchmark::kMicrosecond);
+    if (threads == 1)
+      b->MeasureProcessCPUTime();
+    else
+      b->UseRealTime();
+  }
 }
 
 }  // namespace
@@ -243,7 +247,7 @@ int main(int argc, char** argv) {
   argc = kept;
   lbbsp::models::set_num_threads(threads);
   benchmark::AddCustomContext("lbbsp_threads", std::to_string(threads));
-  lbbsp::models::register_all();
+  lbbsp::models::register_all(threads);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();
