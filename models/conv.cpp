@@ -108,8 +108,8 @@ bool use_direct(const ConvShape& s) {
   return s.col_width() <= kDirectMaxColWidth;
 }
 
-// The direct loops are compiled for common output-channel counts (kOc) so the channel loop fully unrolls;
-// kOc = 0 is the run-time-count fallback.
+// Plain direct loops for any shape (kOc = 0: output-channel count known at run time); the blocked versions
+// below take the common shapes.
 template <int kOc>
 void direct_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
   const Strides st = input_strides(s);
@@ -183,26 +183,93 @@ void direct_weight_grad(const ConvShape& s, const float* x, const float* dy, flo
     for (int t = 0; t < cw; ++t) dw[o * cw + t] += acc[t * oc + o];
 }
 
-void direct_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
-  switch (s.out_channels) {
-    case 16:
-      return direct_forward<16>(s, x, w, y, ws);
-    case 32:
-      return direct_forward<32>(s, x, w, y, ws);
-    default:
-      return direct_forward<0>(s, x, w, y, ws);
+// Channels-last copy of x with a zero border of pad (plus slack for the last register block's over-read),
+// so the blocked loops below need no bounds checks.
+const float* padded_input(const ConvShape& s, const float* x, ConvWorkspace& ws, int slack) {
+  const Strides st = input_strides(s);
+  const int pad = s.pad(), c = s.in_channels, hp = s.height + 2 * pad, wp = s.width + 2 * pad;
+  ws.padded.assign(size_t(s.n) * hp * wp * c + slack, 0.0f);
+  for (int n = 0; n < s.n; ++n)
+    for (int iy = 0; iy < s.height; ++iy)
+      for (int ix = 0; ix < s.width; ++ix)
+        for (int ci = 0; ci < c; ++ci)
+          ws.padded[((size_t(n) * hp + iy + pad) * wp + ix + pad) * c + ci] =
+              x[n * s.input_size() + iy * st.row + ix * st.col + ci * st.channel];
+  return ws.padded.data();
+}
+
+// Register-blocked direct forward: kBlock neighbouring output pixels x kOc channels of accumulators stay in
+// registers across all taps (8 AVX2 registers for 4 x 16).
+constexpr int kBlock = 4;
+template <int kOc>
+void blocked_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
+  const int k = s.kernel, c = s.in_channels, cw = s.col_width();
+  const int hp = s.height + 2 * s.pad(), wp = s.width + 2 * s.pad();
+  const float* xp = padded_input(s, x, ws, kBlock * c);
+  ws.wt.resize(std::max(ws.wt.size(), size_t(cw) * kOc));
+  float* wt = ws.wt.data();
+  for (int o = 0; o < kOc; ++o)
+    for (int t = 0; t < cw; ++t) wt[t * kOc + o] = w[o * cw + t];
+#pragma omp parallel for collapse(2) \
+    schedule(static) if (size_t(s.n) * s.output_size() * cw > kParallelMinFloats)
+  for (int n = 0; n < s.n; ++n)
+    for (int oy = 0; oy < s.height; ++oy) {
+      const float* xs = xp + size_t(n) * hp * wp * c;
+      float* out = y + (size_t(n) * s.height + oy) * s.width * kOc;
+      for (int ox0 = 0; ox0 < s.width; ox0 += kBlock) {
+        float acc[kBlock][kOc] = {};
+        for (int ky = 0; ky < k; ++ky)
+          for (int kx = 0; kx < k; ++kx)
+            for (int ci = 0; ci < c; ++ci) {
+              const float* wr = wt + ((ky * k + kx) * c + ci) * kOc;
+              const float* src = xs + (size_t(oy + ky) * wp + ox0 + kx) * c + ci;
+              for (int b = 0; b < kBlock; ++b) {
+                const float v = src[b * c];
+#pragma omp simd
+                for (int j = 0; j < kOc; ++j) acc[b][j] += v * wr[j];
+              }
+            }
+        const int valid = std::min(kBlock, s.width - ox0);  // the last block may hang over the row end
+        for (int b = 0; b < valid; ++b) std::copy(acc[b], acc[b] + kOc, out + size_t(ox0 + b) * kOc);
+      }
+    }
+}
+
+// Register-blocked weight gradient: for one (ky, ci), kK x kOc accumulators (10 AVX2 registers for 5 x 16)
+// run over every pixel in order; each (ky, ci) belongs to one thread, so the sum order is fixed.
+template <int kK, int kOc>
+void blocked_weight_grad(const ConvShape& s, const float* x, const float* dy, float* dw, ConvWorkspace& ws) {
+  const int c = s.in_channels, cw = s.col_width();
+  const int hp = s.height + 2 * s.pad(), wp = s.width + 2 * s.pad();
+  const float* xp = padded_input(s, x, ws, 0);
+#pragma omp parallel for schedule(static) if (size_t(s.n) * s.output_size() * cw > kParallelMinFloats)
+  for (int row = 0; row < kK * c; ++row) {
+    const int ky = row / c, ci = row % c;
+    float acc[kK][kOc] = {};
+    for (int n = 0; n < s.n; ++n)
+      for (int oy = 0; oy < s.height; ++oy) {
+        const float* g = dy + (size_t(n) * s.height + oy) * s.width * kOc;
+        const float* src = xp + ((size_t(n) * hp + oy + ky) * wp) * c + ci;
+        for (int ox = 0; ox < s.width; ++ox, g += kOc, src += c)
+          for (int kx = 0; kx < kK; ++kx) {
+            const float v = src[kx * c];
+#pragma omp simd
+            for (int j = 0; j < kOc; ++j) acc[kx][j] += v * g[j];
+          }
+      }
+    for (int kx = 0; kx < kK; ++kx)
+      for (int j = 0; j < kOc; ++j) dw[j * cw + (ky * kK + kx) * c + ci] += acc[kx][j];
   }
 }
 
+void direct_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
+  if (s.out_channels == 16) return blocked_forward<16>(s, x, w, y, ws);
+  direct_forward<0>(s, x, w, y, ws);
+}
+
 void direct_weight_grad(const ConvShape& s, const float* x, const float* dy, float* dw, ConvWorkspace& ws) {
-  switch (s.out_channels) {
-    case 16:
-      return direct_weight_grad<16>(s, x, dy, dw, ws);
-    case 32:
-      return direct_weight_grad<32>(s, x, dy, dw, ws);
-    default:
-      return direct_weight_grad<0>(s, x, dy, dw, ws);
-  }
+  if (s.kernel == 5 && s.out_channels == 16) return blocked_weight_grad<5, 16>(s, x, dy, dw, ws);
+  direct_weight_grad<0>(s, x, dy, dw, ws);
 }
 
 float input_at(const ConvShape& s, const float* x, int n, int ci, int iy, int ix) {

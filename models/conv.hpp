@@ -27,7 +27,8 @@ struct ConvShape {
 struct ConvWorkspace {
   std::vector<float> col;
   std::vector<float> dcol;
-  std::vector<float> wt;  // direct path: weights or weight gradient as [tap, out_channel]
+  std::vector<float> wt;      // direct path: weights or weight gradient as [tap, out_channel]
+  std::vector<float> padded;  // direct path: zero-padded channels-last copy of x
 };
 
 void conv2d_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws);

@@ -126,6 +126,9 @@ const ConvShape kConvCases[] = {
     {0, 4, 4, 1, 2, 5, true},       {1, 1, 1, 1, 1, 3, false},   {1, 5, 7, 3, 4, 5, true},
     {2, 6, 6, 2, 3, 3, false},      {3, 8, 8, 16, 32, 5, false}, {2, 28, 28, 1, 16, 5, true},
     {13, 14, 14, 16, 32, 5, false},  // several im2col chunks, the last one partial
+    {3, 9, 7, 1, 16, 5, true},       // register-blocked direct path, width not a multiple of the block
+    {2, 6, 10, 1, 16, 3, true},      // blocked forward, plain weight gradient (k = 3)
+    {2, 5, 6, 1, 32, 5, false},      // plain direct path with many output channels
 };
 
 TEST(ConvKernel, ForwardMatchesReference) {
