@@ -3,6 +3,7 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -124,17 +125,19 @@ void md_table(std::ostringstream& out, const std::vector<PredictorScore>& rows) 
 }  // namespace
 
 std::vector<std::string> split_predictor_list(const std::string& list) {
-  static const char* kNames[] = {"last", "ema", "arima", "narx", "oracle"};
   std::vector<std::string> specs;
   std::stringstream in(list);
   std::string item;
   while (std::getline(in, item, ',')) {
-    const std::string head = item.substr(0, item.find(':'));
-    const bool starts_spec = std::find(std::begin(kNames), std::end(kNames), head) != std::end(kNames);
-    if (starts_spec || specs.empty())
-      specs.push_back(item);
-    else
+    // "2", "0.5", "dy=4" continue the previous spec's arguments; anything else ("lstm" too) starts a new
+    // spec.
+    const bool argument_like = !item.empty() && (item.find('=') != std::string::npos ||
+                                                 std::isdigit(static_cast<unsigned char>(item[0])) ||
+                                                 item[0] == '.' || item[0] == '-');
+    if (argument_like && !specs.empty() && specs.back().find(':') != std::string::npos)
       specs.back() += "," + item;
+    else
+      specs.push_back(item);
   }
   return specs;
 }

@@ -51,7 +51,7 @@ std::vector<EvalSeries> series_from_telemetry(const std::string& run_dir);
 EvalReport evaluate(const std::vector<EvalSeries>& series, const EvalOptions& options);
 
 // "narx:dy=4,du=2,arima:2,0,1,ema" -> {"narx:dy=4,du=2", "arima:2,0,1", "ema"}: a comma-separated item starts
-// a new spec only when it begins with a predictor name (last, ema, arima, narx, oracle).
+// the previous spec (one with ':') when it looks like an argument (a number or key=value).
 std::vector<std::string> split_predictor_list(const std::string& list);
 
 // format: md (overall table plus per-family tables), csv, or json.
