@@ -68,38 +68,6 @@ void im2col(const ConvShape& s, const float* x, int samples, float* col) {
     }
 }
 
-// The adjoint of im2col, written as a gather so each dx element is summed by one thread in a fixed order.
-void col2im(const ConvShape& s, const float* dcol, int samples, float* dx) {
-  const Strides st = input_strides(s);
-  const int k = s.kernel, pad = s.pad(), c = s.in_channels, cw = s.col_width();
-#pragma omp parallel for collapse(2) \
-    schedule(static) if (size_t(samples) * s.height * s.width * cw > kParallelMinFloats)
-  for (int n = 0; n < samples; ++n)
-    for (int iy = 0; iy < s.height; ++iy) {
-      const float* dc = dcol + size_t(n) * s.height * s.width * cw;
-      float* dxs = dx + size_t(n) * s.input_size();
-      for (int ix = 0; ix < s.width; ++ix) {
-        float* out = dxs + iy * st.row + ix * st.col;
-        for (int ci = 0; ci < c; ++ci) out[ci * st.channel] = 0.0f;
-        for (int ky = 0; ky < k; ++ky) {
-          const int oy = iy - ky + pad;
-          if (oy < 0 || oy >= s.height) continue;
-          const int kx0 = std::max(0, ix + pad - (s.width - 1)),
-                    kx1 = std::min(k, ix + pad + 1);  // ox in range
-          for (int kx = kx0; kx < kx1; ++kx) {
-            const float* src = dc + (size_t(oy) * s.width + ix - kx + pad) * cw + (ky * k + kx) * c;
-            if (st.channel == 1) {
-#pragma omp simd
-              for (int ci = 0; ci < c; ++ci) out[ci] += src[ci];
-            } else {
-              for (int ci = 0; ci < c; ++ci) out[ci * st.channel] += src[ci];
-            }
-          }
-        }
-      }
-    }
-}
-
 // Layers with a narrow im2col row (a first layer on one channel: 25 taps) skip im2col and GEMM, whose
 // packing would cost more than the arithmetic, and accumulate straight from x. Weights are staged as
 // [tap, out_channel] so the innermost loop runs over output channels (contiguous in y and dy).
@@ -278,6 +246,39 @@ float input_at(const ConvShape& s, const float* x, int n, int ci, int iy, int ix
   return x[n * s.input_size() + ci * st.channel + iy * st.row + ix * st.col];
 }
 
+// dx is the 'full' correlation of dy with the kernel flipped in space and transposed in channels:
+// dx[p, ci] = sum over (ky, kx, o) of dy[p + (ky - pad, kx - pad), o] * w[o, k-1-ky, k-1-kx, ci].
+// So: im2col over dy and one GEMM straight into dx, with no col_width-wide gradient buffer to scatter back.
+void input_grad(const ConvShape& s, const float* w, const float* dy, float* dx, ConvWorkspace& ws) {
+  ConvShape t = s;  // the transposed convolution: dy (channels last) in, dx out
+  t.in_channels = s.out_channels;
+  t.out_channels = s.in_channels;
+  t.input_chw = false;
+  const int k = s.kernel, c = s.in_channels, oc = s.out_channels, tw = t.col_width(), hw = s.height * s.width;
+  ws.wflip.resize(size_t(tw) * c);
+  for (int ky = 0; ky < k; ++ky)
+    for (int kx = 0; kx < k; ++kx)
+      for (int o = 0; o < oc; ++o)
+        for (int ci = 0; ci < c; ++ci)
+          ws.wflip[((ky * k + kx) * oc + o) * c + ci] =
+              w[((o * k + (k - 1 - ky)) * k + (k - 1 - kx)) * c + ci];
+  const bool to_chw = s.input_chw && c > 1;  // the GEMM writes channels last; a CHW dx needs a transpose
+  const int chunk = samples_per_chunk(t), rows_max = std::min(chunk, s.n) * hw;
+  ws.dy_col.resize(std::max(ws.dy_col.size(), size_t(rows_max) * tw));
+  if (to_chw) ws.staging.resize(std::max(ws.staging.size(), size_t(rows_max) * c));
+  for (int s0 = 0; s0 < s.n; s0 += chunk) {
+    const int cs = std::min(chunk, s.n - s0);
+    im2col(t, dy + s0 * s.output_size(), cs, ws.dy_col.data());
+    float* target = to_chw ? ws.staging.data() : dx + s0 * s.input_size();
+    gemm(false, false, cs * hw, c, tw, 1.0f, ws.dy_col.data(), tw, ws.wflip.data(), c, 0.0f, target, c);
+    if (!to_chw) continue;
+    for (int n = 0; n < cs; ++n)
+      for (int p = 0; p < hw; ++p)
+        for (int ci = 0; ci < c; ++ci)
+          dx[(s0 + n) * s.input_size() + size_t(ci) * hw + p] = target[(size_t(n) * hw + p) * c + ci];
+  }
+}
+
 }  // namespace
 
 void conv2d_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
@@ -294,24 +295,19 @@ void conv2d_forward(const ConvShape& s, const float* x, const float* w, float* y
 
 void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy, float* dw,
                      float* dx, ConvWorkspace& ws) {
-  const bool direct = use_direct(s);
-  if (direct) direct_weight_grad(s, x, dy, dw, ws);
-  if (direct && !dx) return;
-  const int chunk = samples_per_chunk(s), hw = s.height * s.width, cw = s.col_width();
-  const size_t col_floats = size_t(std::min(chunk, s.n)) * hw * cw;
-  if (!direct) ws.col.resize(std::max(ws.col.size(), col_floats));
-  if (dx) ws.dcol.resize(std::max(ws.dcol.size(), col_floats));
-  for (int s0 = 0; s0 < s.n; s0 += chunk) {
-    const int cs = std::min(chunk, s.n - s0), rows = cs * hw;
-    const float* dys = dy + s0 * s.output_size();
-    if (!direct) {
+  if (use_direct(s)) {
+    direct_weight_grad(s, x, dy, dw, ws);
+  } else {
+    const int chunk = samples_per_chunk(s), hw = s.height * s.width, cw = s.col_width();
+    ws.col.resize(std::max(ws.col.size(), size_t(std::min(chunk, s.n)) * hw * cw));
+    for (int s0 = 0; s0 < s.n; s0 += chunk) {
+      const int cs = std::min(chunk, s.n - s0);
       im2col(s, x + s0 * s.input_size(), cs, ws.col.data());
-      gemm(true, false, s.out_channels, cw, rows, 1.0f, dys, s.out_channels, ws.col.data(), cw, 1.0f, dw, cw);
+      gemm(true, false, s.out_channels, cw, cs * hw, 1.0f, dy + s0 * s.output_size(), s.out_channels,
+           ws.col.data(), cw, 1.0f, dw, cw);
     }
-    if (!dx) continue;
-    gemm(false, false, rows, cw, s.out_channels, 1.0f, dys, s.out_channels, w, cw, 0.0f, ws.dcol.data(), cw);
-    col2im(s, ws.dcol.data(), cs, dx + s0 * s.input_size());
   }
+  if (dx) input_grad(s, w, dy, dx, ws);
 }
 
 void conv2d_forward_ref(const ConvShape& s, const float* x, const float* w, float* y) {

@@ -26,9 +26,11 @@ struct ConvShape {
 // Scratch space held by the caller (the model) so that no call allocates once sizes have settled.
 struct ConvWorkspace {
   std::vector<float> col;
-  std::vector<float> dcol;
-  std::vector<float> wt;      // direct path: weights or weight gradient as [tap, out_channel]
-  std::vector<float> padded;  // direct path: zero-padded channels-last copy of x
+  std::vector<float> dy_col;   // input gradient: im2col over dy
+  std::vector<float> wflip;    // input gradient: weights flipped in space, transposed in channels
+  std::vector<float> staging;  // input gradient: channels-last dx before its transpose to [c, h, w]
+  std::vector<float> wt;       // direct path: weights or weight gradient as [tap, out_channel]
+  std::vector<float> padded;   // direct path: zero-padded channels-last copy of x
 };
 
 void conv2d_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws);
