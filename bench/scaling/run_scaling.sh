@@ -9,16 +9,19 @@
 #   --lbbsp PATH           lbbsp binary (default: build/lbbsp)
 #   --ranks "1 2 4 8"      rank counts
 #   --kinds strong,weak    which sweeps to run
-#   --model NAME           logreg | mlp | cnn (default logreg)
+#   --model NAME           logreg | mlp | cnn (default mlp: enough compute per sample to be worth splitting)
 #   --data FILE            HDF5 dataset (default: a synthetic one, written once into OUT)
+#   --features F           features of the synthetic dataset (default 256)
 #   --global-batch X       strong scaling: fixed global batch (default 1024)
 #   --per-rank-batch B     weak scaling: batch per rank (default 128)
-#   --iterations K         iterations per run (default 40; the synthetic set holds enough samples for K)
+#   --iterations K         iterations per run (default 30; the synthetic set holds enough samples for K)
 #   --epochs E             epochs cap (default 1; raise it with a small --data so that K iterations happen)
 #   --repeats R            runs per rank count; the tables use the median (default 1)
 #   --out DIR              results (default results/scaling-DATE); OUT/{strong,weak}/ranks-N[-rep]/summary.json
 #   --collect-strong DIR, --collect-weak DIR   only tabulate/plot existing results (repeatable)
 #   --no-plot              tables only
+#   --busy-poll            idle MPI ranks spin instead of yielding the CPU (Open MPI's default when ranks <= cores:
+#                          best on a dedicated machine, 2x slower here on one shared with other work)
 #   --train-args "..."     extra `lbbsp train` arguments (e.g. "--balancer lbbsp-cpu --straggle static:1,1,0.5")
 # Writes OUT/scaling.md (speed-up and efficiency tables) and OUT/strong.png, OUT/weak.png (against the ideal line).
 set -euo pipefail
@@ -28,8 +31,8 @@ die() {
   exit 1
 }
 
-lbbsp=$root/build/lbbsp ranks="1 2 4 8" kinds=strong,weak model=logreg data="" gbatch=1024 pbatch=128 iters=40
-epochs=1 repeats=1 out="" plot=1 train_args="" collect_strong=() collect_weak=()
+lbbsp=$root/build/lbbsp ranks="1 2 4 8" kinds=strong,weak model=mlp features=256 data="" gbatch=1024 pbatch=128 iters=30
+epochs=1 repeats=1 out="" yield=1 plot=1 train_args="" collect_strong=() collect_weak=()
 while (($#)); do
   case $1 in
     --lbbsp) lbbsp=$2 ;;
@@ -37,6 +40,7 @@ while (($#)); do
     --kinds) kinds=$2 ;;
     --model) model=$2 ;;
     --data) data=$2 ;;
+    --features) features=$2 ;;
     --global-batch) gbatch=$2 ;;
     --per-rank-batch) pbatch=$2 ;;
     --iterations) iters=$2 ;;
@@ -47,6 +51,7 @@ while (($#)); do
     --collect-weak) collect_weak+=("$2") ;;
     --train-args) train_args=$2 ;;
     --no-plot) plot=0; shift; continue ;;
+    --busy-poll) yield=0; shift; continue ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
   esac
@@ -80,8 +85,8 @@ if ((${#collect_strong[@]} + ${#collect_weak[@]} == 0)); then
     max_r=1
     for r in $ranks; do ((r > max_r)) && max_r=$r; done
     max_gb=$((gbatch > pbatch * max_r ? gbatch : pbatch * max_r))
-    data=$out/synth-$((max_gb * iters)).h5
-    [[ -s $data ]] || "$lbbsp" data synth --samples "$((max_gb * iters))" --features 64 --classes 10 --seed 1 \
+    data=$out/synth-$((max_gb * iters))x$features.h5
+    [[ -s $data ]] || "$lbbsp" data synth --samples "$((max_gb * iters))" --features "$features" --classes 10 --seed 1 \
       --out "$data" >/dev/null || die "'$lbbsp data synth' failed"
   fi
   [[ -r $data ]] || die "--data '$data' is not a readable file"
@@ -89,6 +94,7 @@ if ((${#collect_strong[@]} + ${#collect_weak[@]} == 0)); then
   [[ -n $train_args ]] && read -ra extra <<<"$train_args"
   # Open MPI: allow root, more ranks than cores, and no binding (oversubscribed ranks must float).
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+  export OMPI_MCA_mpi_yield_when_idle=$yield
   for kind in ${kinds//,/ }; do
     case $kind in strong | weak) ;; *) die "--kinds '$kinds': use strong, weak or strong,weak" ;; esac
     for r in $ranks; do

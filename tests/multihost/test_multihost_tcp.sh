@@ -16,7 +16,7 @@ LBBSP=$(cd "$(dirname "$LBBSP")" && pwd)/$(basename "$LBBSP")
 # shellcheck source=tests/slurm/pick_python.sh
 source "$here/../slurm/pick_python.sh"
 
-HOSTS=4 SUBNET=10.77.0 RATE=${MULTIHOST_RATE:-20mbit} SLOW=3
+HOSTS=4 SUBNET=10.77.0 RATE=${MULTIHOST_RATE:-10mbit} SLOW=3
 [[ $(id -u) -eq 0 ]] || fail "needs root to create network namespaces (ip netns add): run as root"
 for c in ip tc mpicc mpirun timeout; do
   command -v "$c" >/dev/null ||
