@@ -169,9 +169,9 @@ const float* padded_input(const ConvShape& s, const float* x, ConvWorkspace& ws,
 // Register-blocked direct forward: kBlock neighbouring output pixels x kOc channels of accumulators stay in
 // registers across all taps (8 AVX2 registers for 4 x 16).
 constexpr int kBlock = 4;
-template <int kOc>
+template <int kK, int kOc>
 void blocked_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
-  const int k = s.kernel, c = s.in_channels, cw = s.col_width();
+  const int k = kK > 0 ? kK : s.kernel, c = s.in_channels, cw = s.col_width();
   const int hp = s.height + 2 * s.pad(), wp = s.width + 2 * s.pad();
   const float* xp = padded_input(s, x, ws, kBlock * c);
   ws.wt.resize(std::max(ws.wt.size(), size_t(cw) * kOc));
@@ -231,7 +231,8 @@ void blocked_weight_grad(const ConvShape& s, const float* x, const float* dy, fl
 }
 
 void direct_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
-  if (s.out_channels == 16) return blocked_forward<16>(s, x, w, y, ws);
+  if (s.out_channels == 16)
+    return s.kernel == 5 ? blocked_forward<5, 16>(s, x, w, y, ws) : blocked_forward<0, 16>(s, x, w, y, ws);
   direct_forward<0>(s, x, w, y, ws);
 }
 
