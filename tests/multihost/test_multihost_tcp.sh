@@ -36,9 +36,11 @@ netns_remove() { # kill whatever still runs inside, then delete (its veths, brid
   [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
   ip netns del "$ns" 2>/dev/null || true
 }
+HOSTTMP=$(mktemp -d /tmp/lbbsp-mh.XXXXXX) # short: Open MPI/PMIx put unix sockets in each host's TMPDIR
 cleanup() {
   local rc=$? ns left
   for ns in "${NS[@]}" "$SW"; do netns_remove "$ns"; done
+  rm -rf "$HOSTTMP"
   left=$(ip netns list 2>/dev/null | awk '{print $1}' | grep -F "$PFX" || true)
   [[ -z $left ]] || echo "WARNING: namespaces left behind: $left" >&2
   ((rc == 0)) && echo "PASS ($SECONDS s)" || echo "FAILED (exit $rc) after $SECONDS s; files in $SCRATCH" >&2
@@ -91,7 +93,9 @@ EOF
   cat <<'EOF'
   *) echo "host-exec: no test host $i" >&2; exit 255 ;;
 esac
-export TMPDIR=$(dirname "$0")/host$i/tmp
+EOF
+  echo "export TMPDIR=$HOSTTMP/host\$i"
+  cat <<'EOF'
 mkdir -p "$TMPDIR"
 exec ip netns exec "$ns" unshare --uts -- /bin/sh -c 'echo "$0" >/proc/sys/kernel/hostname && exec "$@"' \
   "lbbsp-mh-h$i" "$@"
