@@ -207,6 +207,23 @@ TEST(ModelStep, BitIdenticalForTheSameThreadCount) {
   EXPECT_THROW(set_num_threads(0), std::invalid_argument);
 }
 
+TEST(ModelStep, EvaluateSumsOverChunks) {
+  // 600 samples: evaluation runs in several internal chunks; the sums must match the per-slice sums.
+  for (const char* kind : kKinds) {
+    Fixture f(config(kind, {1, 8, 8}), 600);
+    const StepStats whole = f.model->evaluate(f.params.data(), f.x.data(), f.y.data(), 600);
+    StepStats parts;
+    for (int s0 = 0; s0 < 600; s0 += 100) {
+      const StepStats p = f.model->evaluate(f.params.data(), f.x.data() + s0 * 64, f.y.data() + s0, 100);
+      parts.loss_sum += p.loss_sum;
+      parts.correct += p.correct;
+    }
+    EXPECT_NEAR(whole.loss_sum, parts.loss_sum, 1e-6 * parts.loss_sum)
+        << kind;  // GEMM rounding varies with M
+    EXPECT_EQ(whole.correct, parts.correct) << kind;
+  }
+}
+
 TEST(ModelStep, MemorisesASmallBatch) {
   // Plain gradient steps must fit 16 random samples (catches sign and scale errors end to end).
   for (const char* kind : kKinds) {
