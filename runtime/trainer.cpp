@@ -204,6 +204,17 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   if (cfg.bind != "none" && cfg.bind != "core") throw std::invalid_argument("--bind must be core or none");
   if (!(cfg.lr > 0) || !std::isfinite(cfg.lr)) throw std::invalid_argument("--lr must be a positive number");
 
+  // Output paths are checked before training, not discovered unwritable at the end of a long run.
+  for (auto [flag, path] : {std::pair{"--summary-json", cfg.summary_json},
+                            {"--save-params", cfg.save_params},
+                            {"--timeline", cfg.timeline}}) {
+    if (path.empty()) continue;
+    auto parent = std::filesystem::absolute(path).parent_path();
+    if (!std::filesystem::is_directory(parent)) {
+      throw std::invalid_argument(std::string(flag) + ": cannot write '" + path + "': folder '" +
+                                  parent.string() + "' does not exist");
+    }
+  }
   if (cfg.bind == "core") bind_to_cores(comm.local_rank() * cfg.threads, cfg.threads);
   models::set_num_threads(cfg.threads);
 

@@ -1,0 +1,63 @@
+# `lbbsp data`: Fashion-MNIST import (real files from Debian's dataset-fashion-mnist), synth, and bad input.
+source "$(dirname "$0")/common.sh"
+SRC=/usr/share/datasets/fashion-mnist
+[[ -f $SRC/train-images-idx3-ubyte.gz ]] || fail "Debian's dataset-fashion-mnist is missing; run scripts/setup.sh"
+
+"$LBBSP" data import-fashion-mnist --out "$SCRATCH/f.h5"
+h5dump -H "$SCRATCH/f.h5" >"$SCRATCH/header.txt"
+grep -q 'DATASET "images"' "$SCRATCH/header.txt" || fail "no images dataset"
+/usr/bin/python3 - "$SCRATCH/f.h5" <<'PY'
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+assert f["train/images"].shape == (60000, 28, 28) and f["train/images"].dtype == np.uint8, f["train/images"]
+assert f["train/labels"].shape == (60000,) and f["test/images"].shape == (10000, 28, 28)
+labels = f["train/labels"][:]
+assert labels.max() == 9 and np.all(np.bincount(labels) == 6000), np.bincount(labels)
+names = [n.decode() if isinstance(n, bytes) else n for n in f.attrs["class_names"]]
+assert names[0] == "T-shirt/top" and names[9] == "Ankle boot", names
+assert "Fashion-MNIST" in (f.attrs["source"].decode() if isinstance(f.attrs["source"], bytes) else f.attrs["source"])
+print("fashion-mnist HDF5 layout ok")
+PY
+
+"$LBBSP" data synth --samples 500 --features 20 --classes 3 --seed 5 --out "$SCRATCH/s.h5"
+/usr/bin/python3 - "$SCRATCH/s.h5" <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1], "r")
+assert f["train/images"].shape == (500, 20), f["train/images"].shape
+assert set(f["train/labels"][:]) == {0, 1, 2}
+print("synth layout ok")
+PY
+
+# Bad input: each names the file and the problem, exit non-zero.
+mkdir -p "$SCRATCH/bad"
+cp $SRC/*.gz "$SCRATCH/bad/"
+head -c 100000 $SRC/train-images-idx3-ubyte.gz >"$SCRATCH/bad/train-images-idx3-ubyte.gz"
+expect_fail "train-images-idx3-ubyte.gz.*(truncated|not a valid)" "$LBBSP" data import-fashion-mnist --src "$SCRATCH/bad" --out "$SCRATCH/x.h5"
+cp $SRC/train-labels-idx1-ubyte.gz "$SCRATCH/bad/train-images-idx3-ubyte.gz"
+expect_fail "train-images-idx3-ubyte.gz.*bad magic" "$LBBSP" data import-fashion-mnist --src "$SCRATCH/bad" --out "$SCRATCH/x.h5"
+expect_fail "no 'train-images-idx3-ubyte\[.gz\]' in '/nonexistent'" "$LBBSP" data import-fashion-mnist --src /nonexistent --out "$SCRATCH/x.h5"
+[[ ! -e $SCRATCH/x.h5 ]] || fail "a failed import left an output file"
+expect_fail "classes" "$LBBSP" data synth --samples 10 --features 4 --classes 1 --out "$SCRATCH/y.h5"
+
+# Training on broken datasets.
+echo "not hdf5" >"$SCRATCH/garbage.h5"
+expect_fail "garbage.h5' is not a readable HDF5 file" "$LBBSP" train --data "$SCRATCH/garbage.h5" --model logreg
+head -c 3000 "$SCRATCH/s.h5" >"$SCRATCH/trunc.h5"
+expect_fail "trunc.h5" "$LBBSP" train --data "$SCRATCH/trunc.h5" --model logreg
+/usr/bin/python3 - "$SCRATCH" <<'PY'
+import sys, h5py, numpy as np
+d = sys.argv[1]
+with h5py.File(d + "/labels.h5", "w") as f:  # a label out of range for the declared classes
+    f["train/images"] = np.zeros((10, 4), np.uint8); f["train/labels"] = np.array([0, 1, 7] + [0] * 7, np.uint8)
+    f["test/images"] = np.zeros((2, 4), np.uint8); f["test/labels"] = np.zeros(2, np.uint8)
+    f.attrs["num_classes"] = 3
+with h5py.File(d + "/shape.h5", "w") as f:  # labels do not match images
+    f["train/images"] = np.zeros((10, 4), np.uint8); f["train/labels"] = np.zeros(9, np.uint8)
+    f["test/images"] = np.zeros((2, 4), np.uint8); f["test/labels"] = np.zeros(2, np.uint8)
+with h5py.File(d + "/notest.h5", "w") as f:
+    f["train/images"] = np.zeros((10, 4), np.uint8); f["train/labels"] = np.arange(10, dtype=np.uint8) % 2
+PY
+expect_fail "labels.h5.*/train/labels\[2\] = 7 is out of range for num_classes = 3" "$LBBSP" train --data "$SCRATCH/labels.h5" --model logreg --global-batch 2
+expect_fail "shape.h5.*/train/labels must have shape \(10,\)" "$LBBSP" train --data "$SCRATCH/shape.h5" --model logreg
+expect_fail "notest.h5' has no dataset '/test/images'" "$LBBSP" train --data "$SCRATCH/notest.h5" --model logreg
+echo "data tests passed"

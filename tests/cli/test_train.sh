@@ -1,0 +1,72 @@
+# `lbbsp train`: a shortened accuracy check on Fashion-MNIST, the summary/telemetry/timeline outputs, balancing
+# under emulated stragglers, and bad flags.
+source "$(dirname "$0")/common.sh"
+"$LBBSP" data import-fashion-mnist --out "$SCRATCH/f.h5" >/dev/null
+
+# Shortened accuracy check (README: logreg 3 epochs >= 0.84): one epoch of logistic regression reaches 0.80.
+"$LBBSP" train --data "$SCRATCH/f.h5" --model logreg --epochs 1 --global-batch 64 --lr 0.05 --seed 1 \
+  --summary-json "$SCRATCH/logreg.json" --save-params "$SCRATCH/logreg.h5" >"$SCRATCH/logreg.log"
+/usr/bin/python3 - "$SCRATCH/logreg.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+for k in ["model", "ranks", "global_batch", "iterations", "epochs", "wall_s", "samples_per_s", "train_loss",
+          "test_accuracy", "balancer", "straggle", "mean_iteration_s", "wait_fraction", "balancer_overhead_fraction"]:
+    assert k in s, k
+assert s["model"] == "logreg" and s["ranks"] == 1 and s["iterations"] == 937, s
+assert s["test_accuracy"] >= 0.80, s["test_accuracy"]
+assert 0 < s["train_loss"] < 1.0, s["train_loss"]
+print("logreg 1 epoch: test accuracy", s["test_accuracy"])
+PY
+h5dump -H "$SCRATCH/logreg.h5" | grep -q 'DATASET "dense.weight"\|DATASET "weight"\|DATASET' || fail "no parameter datasets"
+
+# MLP, 400 iterations: well above chance and learning.
+"$LBBSP" train --data "$SCRATCH/f.h5" --model mlp --epochs 1 --global-batch 64 --lr 0.05 --max-iterations 400 \
+  --test-subset 2000 --summary-json "$SCRATCH/mlp.json" --quiet
+/usr/bin/python3 -c "
+import json; s = json.load(open('$SCRATCH/mlp.json')); assert s['test_accuracy'] >= 0.74, s; print('mlp ok', s['test_accuracy'])"
+
+# Four ranks with static stragglers: lbbsp-cpu gives the slow ranks fewer samples; telemetry and timeline written.
+mpirun_n 4 "$LBBSP" train --data "$SCRATCH/f.h5" --model logreg --epochs 1 --global-batch 512 --lr 0.05 \
+  --max-iterations 40 --balancer lbbsp-cpu --predictor ema --straggle "static:1,1,0.5,0.25" --test-subset 1000 \
+  --log-dir "$SCRATCH/run" --csv --timeline "$SCRATCH/timeline.json" --summary-json "$SCRATCH/lb.json" --quiet
+/usr/bin/python3 - "$SCRATCH" <<'PY'
+import json, sys, h5py, numpy as np
+d = sys.argv[1]
+t = json.load(open(d + "/timeline.json"))
+assert {e["pid"] for e in t if e.get("ph") == "X"} == {0, 1, 2, 3}
+assert {e["tid"] for e in t if e.get("ph") == "X"} >= {"compute", "allreduce", "balancer"}
+with h5py.File(d + "/run/telemetry.h5", "r") as f:
+    r = {k: f["records"][k][:] for k in f["records"].keys()}
+for k in ["iteration", "rank", "batch", "compute_s", "wait_s", "allreduce_s", "balancer_s", "predicted_speed",
+          "actual_speed", "cpu_avail", "mem_avail", "load", "capacity"]:
+    assert k in r and len(r[k]) == 160, (k, len(r.get(k, [])))
+late = r["iteration"] >= 20
+b = [r["batch"][late & (r["rank"] == i)].mean() for i in range(4)]
+print("mean batch per rank over the last 20 iterations:", [round(x, 1) for x in b])
+assert b[0] > 1.5 * b[2] > 1.5 * 1.2 * b[3], b  # capacities 1, 1, 0.5, 0.25
+for it in range(40):
+    assert r["batch"][r["iteration"] == it].sum() == 512
+assert np.allclose(r["capacity"][r["rank"] == 3], 0.25)
+assert open(d + "/run/telemetry.csv").readline().startswith("iteration,rank,batch")
+s = json.load(open(d + "/lb.json"))
+assert s["balancer"] == "lbbsp-cpu" and s["predictor"] == "ema" and s["ranks"] == 4
+print("balanced run ok")
+PY
+
+# Bad flags and specs: clear message, non-zero exit.
+T=(train --data "$SCRATCH/f.h5" --max-iterations 1 --quiet)
+expect_fail "model: .*not in" "$LBBSP" "${T[@]}" --model resnet
+expect_fail "global-batch" "$LBBSP" "${T[@]}" --global-batch 0
+expect_fail "global-batch 100000 exceeds the 60000 training samples" "$LBBSP" "${T[@]}" --global-batch 100000
+expect_fail "data: File does not exist: /nonexistent.h5" "$LBBSP" train --data /nonexistent.h5
+expect_fail "straggle: unknown kind 'slow'" "$LBBSP" "${T[@]}" --straggle slow:1
+expect_fail "straggle: static factor 2 must be in \(0, 1\]" "$LBBSP" "${T[@]}" --straggle static:1,2
+expect_fail "straggle: .*'x' is not a number" "$LBBSP" "${T[@]}" --straggle "static:1;scale=x"
+expect_fail "straggle: .*nosuchdir" "$LBBSP" "${T[@]}" --straggle trace:/nosuchdir
+printf 'time_s,capacity\n0,0.5\n1,abc\n' >"$SCRATCH/bad.csv"
+expect_fail "bad.csv.*(line 3|:3)" "$LBBSP" "${T[@]}" --straggle "trace:$SCRATCH/bad.csv"
+expect_fail "predictor|unknown" "$LBBSP" "${T[@]}" --balancer lbbsp-cpu --predictor crystal-ball
+expect_fail "lr-schedule|schedule" "$LBBSP" "${T[@]}" --lr-schedule wobbly
+expect_fail "lag: Value 2 not in range" "$LBBSP" "${T[@]}" --lag 2
+expect_fail "summary-json: cannot write" "$LBBSP" "${T[@]}" --summary-json /nonexistent/dir/s.json
+echo "train tests passed"
