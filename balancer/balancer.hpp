@@ -45,6 +45,10 @@ struct BalancerConfig {
   int64_t global_batch = 0;
   int64_t min_batch = 0;  // per worker
   int num_exo = 0;        // length of WorkerReport::exo
+  // Index into WorkerReport::exo of a capacity-like availability in (0, 1] (CPU/GPU share left by
+  // co-tenants), or -1 for none. lbbsp-gpu-model uses it to normalise its curve fit and to track idle
+  // workers.
+  int capacity_exo = -1;
   uint64_t seed = 0;
   // Memory caps (samples) known before the first report, used by initial(); empty = unlimited. After that the
   // caps come from WorkerReport::mem_cap.

@@ -86,6 +86,7 @@ BalancerConfig config(const std::string& name, size_t n, int64_t X) {
   cfg.workers = static_cast<int>(n);
   cfg.global_batch = X;
   cfg.num_exo = 1;
+  cfg.capacity_exo = 0;  // the cluster reports its capacity as exo[0]
   cfg.seed = 7;
   return cfg;
 }
@@ -304,4 +305,26 @@ TEST(CurveFit, RecoversAHingeAndFallsBackSafely) {
   EXPECT_NEAR(flat.time(16), 2.0, 1e-12);
   // Garbage points are ignored.
   EXPECT_EQ(fit_time_curve({{kNaN, 1}, {-1, 1}, {3, kInf}}).slope_s_per_sample, 0.0);
+}
+
+TEST(Balancers, GpuModelDropsFloorBoundStragglersOnlyWhenItCanTrackThem) {
+  const size_t n = 4, T = 12;
+  Cluster c = gpu_cluster(n, T, 9);
+  for (auto& row : c.capacity) row[3] = 0.05;  // worker 3: even one sample costs 20x the floor
+  for (int signal : {0, -1}) {
+    auto cfg = config("lbbsp-gpu-model", n, 160);
+    cfg.capacity_exo = signal;
+    cfg.mem_cap = c.mem_cap;
+    auto bal = make_balancer(cfg);
+    auto batch = bal->initial();
+    for (size_t t = 0; t < T; ++t) batch = bal->next(c.report(t, batch));
+    if (signal == 0) {
+      EXPECT_EQ(batch[3], 0);  // tracked through exo while idle, like the oracle
+    } else {
+      EXPECT_EQ(batch[3], 1);  // must keep measuring it
+    }
+  }
+  auto cfg = config("lbbsp-gpu-model", n, 160);
+  cfg.capacity_exo = 1;  // not an exo index
+  EXPECT_THROW(make_balancer(cfg), std::invalid_argument);
 }
