@@ -6,8 +6,9 @@
 #   2. `lbbsp train` over that network ends with the same parameters, train loss and test accuracy as the same run
 #      on one host with 4 ranks and with 1 rank (relative 1e-5: float summation order is all that may differ),
 #   3. the training traffic went through the limited link.
-# Every namespace (and with them every veth, bridge and qdisc) is removed on exit. Needs root (ip netns), iproute2,
-# Open MPI with mpicc, and python3 with numpy/h5py. Usage: $0 LBBSP SCRATCH
+# The hosts are tests/multihost/netns_hosts.sh's; every namespace (and with them every veth, bridge and qdisc) is
+# removed on exit. Needs root (ip netns), iproute2, Open MPI with mpicc, and python3 with numpy/h5py.
+# Usage: $0 LBBSP SCRATCH
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tests/cli/common.sh
 source "$here/../cli/common.sh"
@@ -16,91 +17,29 @@ LBBSP=$(cd "$(dirname "$LBBSP")" && pwd)/$(basename "$LBBSP")
 # shellcheck source=tests/slurm/pick_python.sh
 source "$here/../slurm/pick_python.sh"
 
+# shellcheck source=tests/multihost/netns_hosts.sh
+source "$here/netns_hosts.sh"
+
 HOSTS=4 SUBNET=10.77.0 RATE=${MULTIHOST_RATE:-10mbit} SLOW=3
-[[ $(id -u) -eq 0 ]] || fail "needs root to create network namespaces (ip netns add): run as root"
-for c in ip tc mpicc mpirun timeout; do
-  command -v "$c" >/dev/null ||
-    fail "'$c' not found: install the Debian packages iproute2 openmpi-bin libopenmpi-dev (scripts/setup.sh does)"
+netns_hosts_check
+for c in mpicc mpirun; do
+  command -v "$c" >/dev/null || fail "'$c' not found: install the Debian packages openmpi-bin libopenmpi-dev (scripts/setup.sh)"
 done
 MPIRUN=$(command -v mpirun)
-
-# Names carry this shell's pid, so parallel runs never collide and leftovers of a killed run can be told apart.
-PFX=lbbsp-mh$$-
-NS=()
-for ((i = 0; i < HOSTS; ++i)); do NS+=("${PFX}h$i"); done
-SW=${PFX}sw
-netns_remove() { # kill whatever still runs inside, then delete (its veths, bridge and qdiscs go with it)
-  local ns=$1 pids
-  pids=$(ip netns pids "$ns" 2>/dev/null || true)
-  # shellcheck disable=SC2086 # one pid per word
-  [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
-  ip netns del "$ns" 2>/dev/null || true
-}
-HOSTTMP=$(mktemp -d /tmp/lbbsp-mh.XXXXXX) # short: Open MPI/PMIx put unix sockets in each host's TMPDIR
 cleanup() {
-  local rc=$? ns left
-  for ns in "${NS[@]}" "$SW"; do netns_remove "$ns"; done
-  rm -rf "$HOSTTMP"
-  left=$(ip netns list 2>/dev/null | awk '{print $1}' | grep -F "$PFX" || true)
-  [[ -z $left ]] || echo "WARNING: namespaces left behind: $left" >&2
+  local rc=$?
+  netns_hosts_down
   ((rc == 0)) && echo "PASS ($SECONDS s)" || echo "FAILED (exit $rc) after $SECONDS s; files in $SCRATCH" >&2
 }
 trap cleanup EXIT
 trap 'exit 143' TERM HUP
 trap 'exit 130' INT
-# Leftovers of earlier runs that were killed before their trap ran (their shell is gone).
-for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^lbbsp-mh[0-9]+-' || true); do
-  pid=${ns#lbbsp-mh}
-  pid=${pid%%-*}
-  kill -0 "$pid" 2>/dev/null || { echo "removing stale namespace $ns"; netns_remove "$ns"; }
-done
+netns_hosts_up "$HOSTS" "$SUBNET" "$SCRATCH"
+netns_hosts_limit "$SLOW" "$RATE"
 
-# --- the network: SW holds the bridge; host i has eth0 = $SUBNET.(i+1), its peer is port p$i on the bridge.
-ip netns add "$SW" 2>"$SCRATCH/netns.err" ||
-  fail "cannot create network namespaces ('ip netns add' said: $(cat "$SCRATCH/netns.err")): this test needs" \
-    "root with CAP_SYS_ADMIN and CAP_NET_ADMIN (a container may need --privileged)"
-ip -n "$SW" link set lo up
-ip -n "$SW" link add br0 type bridge
-ip -n "$SW" link set br0 up
-for ((i = 0; i < HOSTS; ++i)); do
-  ip netns add "${NS[i]}"
-  ip -n "${NS[i]}" link set lo up
-  ip -n "${NS[i]}" link add eth0 type veth peer name "p$i" netns "$SW"
-  ip -n "${NS[i]}" addr add "$SUBNET.$((i + 1))/24" dev eth0
-  ip -n "${NS[i]}" link set eth0 up
-  ip -n "$SW" link set "p$i" master br0
-  ip -n "$SW" link set "p$i" up
-done
-# Host SLOW's link, both directions: its own egress and the bridge port's egress towards it.
-ip netns exec "${NS[SLOW]}" tc qdisc add dev eth0 root tbf rate "$RATE" burst 32kb latency 400ms
-ip netns exec "$SW" tc qdisc add dev "p$SLOW" root tbf rate "$RATE" burst 32kb latency 400ms
-echo "network: ${HOSTS} namespaces ${PFX}h0..h$((HOSTS - 1)) on $SUBNET.0/24, host $SLOW limited to $RATE"
-
-hostfile=$SCRATCH/hostfile hostexec=$SCRATCH/host-exec.sh agent=$SCRATCH/netns-agent.sh
+hostfile=$SCRATCH/hostfile agent=$SCRATCH/netns-agent.sh
 : >"$hostfile"
 for ((i = 0; i < HOSTS; ++i)); do echo "$SUBNET.$((i + 1)) slots=1" >>"$hostfile"; done
-# host-exec.sh I CMD...: runs CMD as on host I: in its network namespace, with its own hostname (a UTS namespace)
-# and its own TMPDIR, as separate machines have. One shared /tmp and hostname would make the Open MPI daemons of
-# different "hosts" race for the same session folder.
-{
-  cat <<'EOF'
-#!/usr/bin/env bash
-i=${1:?usage: host-exec.sh HOST_INDEX COMMAND...}
-shift
-case $i in
-EOF
-  for ((i = 0; i < HOSTS; ++i)); do echo "  $i) ns=${NS[i]} ;;"; done
-  cat <<'EOF'
-  *) echo "host-exec: no test host $i" >&2; exit 255 ;;
-esac
-EOF
-  echo "export TMPDIR=$HOSTTMP/host\$i"
-  cat <<'EOF'
-mkdir -p "$TMPDIR"
-exec ip netns exec "$ns" unshare --uts -- /bin/sh -c 'echo "$0" >/proc/sys/kernel/hostname && exec "$@"' \
-  "lbbsp-mh-h$i" "$@"
-EOF
-} >"$hostexec"
 # Open MPI's rsh launcher runs `AGENT [options] HOST COMMAND...` as it would run ssh: this "ssh" runs COMMAND
 # (one shell string) through host-exec.sh.
 {
@@ -119,13 +58,13 @@ echo "$host -> host $i: $*" >>"$(dirname "$0")/agent.log"
 exec "$(dirname "$0")/host-exec.sh" "$i" /bin/sh -c "$*"
 EOF
 } >"$agent"
-chmod +x "$hostexec" "$agent"
+chmod +x "$agent"
 # rtc_hwloc_vmhole=none: Debian's Open MPI 4.1 orted sometimes segfaults in hwloc_shmem_topology_write when
 # started through the rsh launcher; the shared topology segment is an optimisation only.
 mh_mpirun() { # mh_mpirun SECONDS ARGS...: mpirun from host 0 over the test network, one rank per host
   local limit=$1
   shift
-  "$hostexec" 0 timeout -k 5 "$limit" "$MPIRUN" -n "$HOSTS" --hostfile "$hostfile" --map-by node \
+  "$HOSTEXEC" 0 timeout -k 5 "$limit" "$MPIRUN" -n "$HOSTS" --hostfile "$hostfile" --map-by node \
     --bind-to none --mca plm rsh --mca ras ^slurm --mca plm_rsh_agent "$agent" --mca btl tcp,self \
     --mca btl_tcp_if_include "$SUBNET.0/24" --mca oob_tcp_if_include "$SUBNET.0/24" --mca rtc_hwloc_vmhole none \
     "$@"
