@@ -8,9 +8,8 @@ namespace lbbsp::models {
 
 namespace {
 
-// im2col chunks are sized to stay in L2 (512 KiB; measured best of 2^17..2^20 floats for the CNN); a fixed
-// size (independent of the thread count) keeps the dw summation order, and so the result, the same for any
-// --threads.
+// im2col chunks are sized to stay in L2 (512 KiB; measured best of 2^17..2^20 floats for the CNN). The size
+// does not depend on the thread count, so neither does the order in which chunks add into dw.
 constexpr size_t kColChunkFloats = size_t(1) << 17;
 // Below this many floats of im2col work a parallel region costs more than it saves.
 constexpr size_t kParallelMinFloats = size_t(1) << 15;
@@ -76,13 +75,11 @@ bool use_direct(const ConvShape& s) {
   return s.col_width() <= kDirectMaxColWidth;
 }
 
-// Plain direct loops for any shape (kOc = 0: output-channel count known at run time); the blocked versions
-// below take the common shapes.
-template <int kOc>
-void direct_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
+// Plain direct loops for any shape; the register-blocked versions below take the common ones.
+void plain_direct_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
   const Strides st = input_strides(s);
   const int k = s.kernel, pad = s.pad(), c = s.in_channels, cw = s.col_width();
-  const int oc = kOc > 0 ? kOc : s.out_channels;
+  const int oc = s.out_channels;
   ws.wt.resize(std::max(ws.wt.size(), size_t(cw) * oc));
   float* wt = ws.wt.data();
   for (int o = 0; o < oc; ++o)
@@ -118,11 +115,11 @@ void direct_forward(const ConvShape& s, const float* x, const float* w, float* y
 
 // dw[o, tap] += sum over pixels of dy[pixel, o] * x(tap of pixel). One thread owns each kernel row ky and
 // walks the pixels in order, so the sum is the same for any thread count.
-template <int kOc>
-void direct_weight_grad(const ConvShape& s, const float* x, const float* dy, float* dw, ConvWorkspace& ws) {
+void plain_direct_weight_grad(const ConvShape& s, const float* x, const float* dy, float* dw,
+                              ConvWorkspace& ws) {
   const Strides st = input_strides(s);
   const int k = s.kernel, pad = s.pad(), c = s.in_channels, cw = s.col_width();
-  const int oc = kOc > 0 ? kOc : s.out_channels;
+  const int oc = s.out_channels;
   ws.wt.resize(std::max(ws.wt.size(), size_t(cw) * oc));
   float* acc = ws.wt.data();
   std::fill(acc, acc + size_t(cw) * oc, 0.0f);
@@ -233,12 +230,12 @@ void blocked_weight_grad(const ConvShape& s, const float* x, const float* dy, fl
 void direct_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
   if (s.out_channels == 16)
     return s.kernel == 5 ? blocked_forward<5, 16>(s, x, w, y, ws) : blocked_forward<0, 16>(s, x, w, y, ws);
-  direct_forward<0>(s, x, w, y, ws);
+  plain_direct_forward(s, x, w, y, ws);
 }
 
 void direct_weight_grad(const ConvShape& s, const float* x, const float* dy, float* dw, ConvWorkspace& ws) {
   if (s.kernel == 5 && s.out_channels == 16) return blocked_weight_grad<5, 16>(s, x, dy, dw, ws);
-  direct_weight_grad<0>(s, x, dy, dw, ws);
+  plain_direct_weight_grad(s, x, dy, dw, ws);
 }
 
 float input_at(const ConvShape& s, const float* x, int n, int ci, int iy, int ix) {
