@@ -1,4 +1,5 @@
-// SGD with momentum and weight decay, and learning-rate schedules. Gradients arrive as SUMS over the global batch.
+// SGD with momentum and weight decay, and learning-rate schedules. Gradients arrive as SUMS over the global
+// batch.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +15,9 @@ struct LrSchedule {
   int64_t total_iterations = 0;   // cosine: length of the decay
   int64_t step_every = 0;         // step: decay interval in iterations
   double step_gamma = 0.1;        // step: factor per interval
+  // Iteration i < warmup: base_lr * (i + 1) / warmup (never 0). After it, with t = i - warmup: constant
+  // base_lr; step base_lr * gamma^(t / step_every); cosine from base_lr at t = 0 to 0 at i =
+  // total_iterations.
   double lr_at(int64_t iteration) const;
 };
 
