@@ -114,7 +114,7 @@ lbbsp_train() {
   local rc=0
   "${cmd[@]}" 2>&1 | tee "$out/train.log" || rc=${PIPESTATUS[0]}
   if ((rc == 0)) && [[ ! -s $out/summary.json ]]; then
-    echo "lbbsp-slurm: error: the run exited 0 but wrote no $out/summary.json" >&2
+    echo "lbbsp-slurm: error: $LAUNCHER exited 0 but no $out/summary.json was written (see the output above)" >&2
     rc=3
   fi
   echo "$rc" >"$out/exit_code"
@@ -125,6 +125,9 @@ lbbsp_train() {
 # lbbsp_rank_list: the rank counts of a scaling sweep: $RANKS if set, else 1 2 4 ... up to SLURM_NTASKS (and it).
 lbbsp_rank_list() {
   local max=${SLURM_NTASKS:-1} r=1 list=()
+  ((max > 1)) || [[ -n ${RANKS:-} ]] ||
+    lbbsp_die "this job has one task, so there is nothing to sweep: submit with --ntasks=N (or --nodes=N" \
+      "--ntasks-per-node=M)"
   if [[ -n ${RANKS:-} ]]; then
     read -ra list <<<"$RANKS"
     for r in "${list[@]}"; do
