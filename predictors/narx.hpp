@@ -73,6 +73,8 @@ class NarxPredictor final : public Predictor {
   double pending_base_ = 0, pending_scale_ = 1, last_prediction_ = 0;
 
   std::vector<double> buffer_x_, buffer_y_;  // ring of (inputs, residual target)
+
+  std::vector<double> grad_, hidden_;  // scratch (not state): no allocation per update
   int buffer_count_ = 0, buffer_head_ = 0;
 };
 
