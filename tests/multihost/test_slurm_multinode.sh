@@ -19,9 +19,12 @@ LBBSP=$(cd "$(dirname "$LBBSP")" && pwd)/$(basename "$LBBSP")
 [[ -x $LBBSP ]] || fail "lbbsp binary '$LBBSP' missing: build it first (cmake --build build)"
 # shellcheck source=tests/slurm/pick_python.sh
 source "$here/../slurm/pick_python.sh"
-case $SCRATCH/ in
-  /tmp/*) fail "the scratch folder must not be under /tmp: each emulated host has its own /tmp" ;;
-esac
+# Each emulated host has its own /tmp, so what all of them read or write must live elsewhere.
+for p in "$SCRATCH" "$LBBSP" "$SRC"; do
+  case $(realpath -m "$p")/ in
+    /tmp/*) fail "$p is under /tmp, which each emulated host has its own of: build and test outside /tmp" ;;
+  esac
+done
 
 minicluster_check
 netns_hosts_check
@@ -62,10 +65,14 @@ job_srun=$(submit srun train.sbatch LAUNCHER=srun SAVE_PARAMS=1)
 job_mpirun=$(submit mpirun train.sbatch LAUNCHER=mpirun MPIRUN_BIND=none SAVE_PARAMS=1)
 job_strong=$(submit strong strong_scaling.sbatch LAUNCHER=srun RANKS="1 2 4")
 echo "submitted jobs $job_srun (train, srun), $job_mpirun (train, mpirun), $job_strong (strong scaling, srun)"
+# One budget for all jobs (they run side by side), so that the test ends well inside CTest's 600 s.
+JOBS_BUDGET=300
+deadline=$((SECONDS + JOBS_BUDGET))
 
 finished() { # finished JOBID NAME RUNDIR
   local job=$1 name=$2 run=$3 state
-  state=$(minicluster_wait "$job" 240) || fail "job $job ($name) did not finish within 240 s"
+  state=$(minicluster_wait "$job" $((deadline > SECONDS + 5 ? deadline - SECONDS : 5))) ||
+    fail "job $job ($name) did not finish within ${JOBS_BUDGET}s of submission"
   echo "----- $SCRATCH/job-$name-$job.out"
   cat "$SCRATCH/job-$name-$job.out" || true
   [[ $state == COMPLETED ]] || fail "job $job ($name) ended $state, expected COMPLETED (output above)"

@@ -213,13 +213,27 @@ minicluster_step_nodes() {
   return 0
 }
 
+# mc_job_pids: processes of this cluster's jobs (their environment names our slurm.conf and a job), wherever they
+# went (e.g. an mpirun orphaned when its slurmstepd died).
+mc_job_pids() {
+  local f pid
+  for f in /proc/[0-9]*/environ; do
+    pid=${f#/proc/}
+    pid=${pid%/environ}
+    [[ $pid != "$$" && $pid != "$BASHPID" ]] || continue
+    grep -qzx "SLURM_CONF=$MC_DIR/slurm.conf" "$f" 2>/dev/null && grep -qz '^SLURM_JOB_ID=' "$f" 2>/dev/null &&
+      echo "$pid"
+  done
+  return 0
+}
+
 minicluster_stop() {
   [[ -n $MC_DIR ]] || return 0
+  local i pids
   if [[ -n ${SLURM_CONF:-} ]] && ((${#MC_PIDS[@]} > 1)); then
     mc timeout 10 scancel --full --quiet --partition=test >/dev/null 2>&1 || true
-    local i
-    for i in $(seq 1 20); do
-      [[ -z $(mc timeout 5 squeue -h -t running,completing 2>/dev/null) ]] && break
+    for i in $(seq 1 20); do # Slurm signals the jobs' processes (KillWait=5 s between TERM and KILL)
+      [[ -z $(mc timeout 5 squeue -h -t running,completing 2>/dev/null) && -z $(mc_job_pids) ]] && break
       sleep 0.5
     done
   fi
@@ -234,6 +248,12 @@ minicluster_stop() {
     kill -KILL -- "-$p" 2>/dev/null || true
   done
   wait "${MC_PIDS[@]}" 2>/dev/null || true
+  pids=$(mc_job_pids)
+  if [[ -n $pids ]]; then
+    echo "minicluster: killing job processes Slurm left behind: $(echo "$pids" | tr '\n' ' ')" >&2
+    # shellcheck disable=SC2086 # one pid per word
+    kill -KILL $pids 2>/dev/null || true
+  fi
   MC_PIDS=()
   echo "minicluster: stopped"
 }

@@ -43,10 +43,14 @@ job_weak=$(cd "$SCRATCH" && env "${common[@]}" LAUNCHER=mpirun MPIRUN_BIND=none 
   timeout 30 sbatch --parsable -n 2 -t 5 -o "$SCRATCH/job-weak-%j.out" "$SRC/scripts/slurm/weak_scaling.sbatch") ||
   fail "sbatch refused weak_scaling.sbatch"
 echo "submitted jobs $job_strong (strong, srun) and $job_weak (weak, mpirun)"
+# One budget for all jobs (they run side by side), so that the test ends well inside CTest's 600 s.
+JOBS_BUDGET=300
+deadline=$((SECONDS + JOBS_BUDGET))
 
 check_sweep() { # check_sweep JOBID KIND BATCH_FOR_1 BATCH_FOR_2
   local job=$1 kind=$2 state dir=$SCRATCH/results/$2-$1 r gb
-  state=$(minicluster_wait "$job" 240) || fail "job $job ($kind) did not finish within 240 s"
+  state=$(minicluster_wait "$job" $((deadline > SECONDS + 5 ? deadline - SECONDS : 5))) ||
+    fail "job $job ($kind) did not finish within ${JOBS_BUDGET}s of submission"
   echo "----- $SCRATCH/job-$kind-$job.out"
   cat "$SCRATCH/job-$kind-$job.out" || true
   [[ $state == COMPLETED ]] || fail "job $job ($kind) ended $state, expected COMPLETED (output above)"

@@ -49,10 +49,14 @@ job_mpirun=$(cd "$SCRATCH" && env "${common[@]}" LBBSP_ROOT="$SRC" LAUNCHER=mpir
   timeout 30 sbatch --parsable -J lbbsp-mpirun -n 4 --overcommit -t 5 -o "$SCRATCH/job-mpirun-%j.out" \
   "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (mpirun variant) refused the job"
 echo "submitted jobs $job_srun (srun, 2 ranks) and $job_mpirun (mpirun, 4 ranks)"
+# One budget for all jobs (they run side by side), so that the test ends well inside CTest's 600 s.
+JOBS_BUDGET=300
+deadline=$((SECONDS + JOBS_BUDGET))
 
 check_job() { # check_job JOBID NAME RANKS
   local job=$1 name=$2 ranks=$3 state info run=$SCRATCH/results/train-$1
-  state=$(minicluster_wait "$job" 240) || fail "job $job ($name) did not finish within 240 s"
+  state=$(minicluster_wait "$job" $((deadline > SECONDS + 5 ? deadline - SECONDS : 5))) ||
+    fail "job $job ($name) did not finish within ${JOBS_BUDGET}s of submission"
   info=$(timeout 10 scontrol -o show job "$job")
   echo "job $job ($name): $(grep -oE 'JobState=[^ ]+|ExitCode=[^ ]+' <<<"$info" | tr '\n' ' ')"
   echo "----- $SCRATCH/job-$name-$job.out"
