@@ -4,6 +4,7 @@
 // Model::flops_per_sample (GEMM work of forward + backward).
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -245,6 +246,11 @@ int main(int argc, char** argv) {
       argv[kept++] = argv[i];
   }
   argc = kept;
+  if (threads > 1 && !std::getenv("OMP_WAIT_POLICY"))  // see set_num_threads in models/model.cpp
+    std::fprintf(stderr,
+                 "bench_models: --threads=%d without OMP_WAIT_POLICY=passive: OpenMP workers spinning "
+                 "between regions compete with OpenBLAS's threads and distort the timings\n",
+                 threads);
   lbbsp::models::set_num_threads(threads);
   benchmark::AddCustomContext("lbbsp_threads", std::to_string(threads));
   lbbsp::models::register_all(threads);

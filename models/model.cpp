@@ -7,6 +7,9 @@
 #include <string>
 
 #include "models/zoo.hpp"
+#ifdef LBBSP_WITH_CUDA
+#include "models/cuda/cuda_models.hpp"
+#endif
 
 namespace lbbsp::models {
 
@@ -17,6 +20,19 @@ size_t TensorInfo::size() const {
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& cfg) {
+  if (cfg.device == "cuda") {
+#ifdef LBBSP_WITH_CUDA
+    ModelConfig host = cfg;  // the CPU model validates cfg and gives the CUDA model its layout and init
+    host.device = "cpu";
+    return make_cuda_model(cfg, make_model(host));
+#else
+    throw std::invalid_argument(
+        "lbbsp was built without CUDA (configure with -DLBBSP_WITH_CUDA=ON on a machine with nvcc)");
+#endif
+  }
+  if (cfg.device != "cpu")
+    throw std::invalid_argument("ModelConfig::device: unknown device '" + cfg.device +
+                                "' (expected cpu or cuda)");
   const InputShape& in = cfg.input;
   if (in.channels <= 0 || in.height <= 0 || in.width <= 0)
     throw std::invalid_argument("ModelConfig::input: every dimension must be positive, got " +
@@ -53,6 +69,9 @@ namespace {
 int g_threads = 0;  // 0: not set, use the OpenMP default
 }  // namespace
 
+// Our kernels use OpenMP and the BLAS uses its own pthreads (Debian's libopenblas0-pthread). With more than
+// one thread, OpenMP workers that spin after a region (libgomp's default) fight OpenBLAS's workers for the
+// cores; run with OMP_WAIT_POLICY=passive (read by libgomp at start-up, so it must be in the environment).
 void set_num_threads(int n) {
   if (n < 1) throw std::invalid_argument("set_num_threads: need at least 1 thread, got " + std::to_string(n));
   omp_set_num_threads(n);

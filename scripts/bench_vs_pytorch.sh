@@ -43,7 +43,8 @@ if [[ -z $python ]]; then
 fi
 
 # Both sides get the same threads, in OpenMP and in OpenBLAS (PyTorch's Debian build calls OpenBLAS too).
-export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
+# Passive OpenMP waiting: spinning OpenMP workers would fight the BLAS's pthreads (see models/model.cpp).
+export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for ((r = 0; r < rounds; ++r)); do

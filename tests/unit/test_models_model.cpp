@@ -202,7 +202,12 @@ TEST(ModelStep, BitIdenticalForTheSameThreadCount) {
     EXPECT_EQ(g1, g_other) << kind;
     EXPECT_EQ(s1.loss_sum, s_other.loss_sum) << kind;
     EXPECT_EQ(g2, g2_again) << kind;
-    EXPECT_TRUE(all_close(g1, g2, 1e-5)) << kind;
+    // Across thread counts only closeness holds, and only in norm: a last-bit change can flip a max-pool or
+    // ReLU decision and reroute one pixel's gradient.
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < g1.size(); ++i) diff += std::pow(g1[i] - g2[i], 2), norm += std::pow(g1[i], 2);
+    EXPECT_LT(std::sqrt(diff), 1e-3 * std::sqrt(norm)) << kind;
+    EXPECT_NEAR(s1.loss_sum, s2.loss_sum, 1e-6 * s1.loss_sum) << kind;
   }
   EXPECT_THROW(set_num_threads(0), std::invalid_argument);
 }

@@ -36,11 +36,12 @@ TEST(PyTorchReference, LossCorrectAndGradientsMatch) {
   ASSERT_EQ(fixture.at("cases").size(), 3u);
   for (const nlohmann::json& c : fixture.at("cases")) {
     ModelConfig cfg;
-    cfg.kind = c.at("kind");
-    cfg.input = {c.at("input")[0], c.at("input")[1], c.at("input")[2]};
-    cfg.classes = c.at("classes");
+    cfg.kind = c.at("kind").get<std::string>();
+    const auto dims = c.at("input").get<std::vector<int>>();
+    cfg.input = {dims.at(0), dims.at(1), dims.at(2)};
+    cfg.classes = c.at("classes").get<int>();
     cfg.hidden = c.at("hidden").get<std::vector<int>>();
-    const int n = c.at("n");
+    const int n = c.at("n").get<int>();
     auto model = make_model(cfg);
     ASSERT_EQ(model->num_params(), c.at("num_params").get<size_t>()) << cfg.kind;
 
@@ -52,12 +53,12 @@ TEST(PyTorchReference, LossCorrectAndGradientsMatch) {
     for (int s = 0; s < n; ++s) y[s] = uint8_t(label_value(s, cfg.classes));
     const StepStats stats = model->forward_backward(params.data(), x.data(), y.data(), n, grad.data());
 
-    const double loss = c.at("loss_sum");
+    const double loss = c.at("loss_sum").get<double>();
     EXPECT_NEAR(stats.loss_sum, loss, 1e-5 * std::fabs(loss)) << cfg.kind;
     EXPECT_EQ(stats.correct, c.at("correct").get<int64_t>()) << cfg.kind;
     // float32 against float64: errors relative to the gradient's scale.
-    const std::vector<double> sample = c.at("grad_sample");
-    const size_t stride = c.at("grad_stride");
+    const auto sample = c.at("grad_sample").get<std::vector<double>>();
+    const auto stride = c.at("grad_stride").get<size_t>();
     double scale = 1e-3, abs_sum = 0.0;
     for (double v : sample) scale = std::max(scale, std::fabs(v));
     for (float g : grad) abs_sum += std::fabs(g);
