@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -157,7 +158,11 @@ void save_params(const std::string& path, const models::Model& model, const std:
   std::filesystem::rename(tmp, path);
 }
 
+// mpirun hands ranks a pseudo-terminal even when its own output goes to a file: only a direct run gets the
+// live bar.
 bool stdout_is_tty() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_STEP_ID"})
+    if (std::getenv(v)) return false;
   return isatty(STDOUT_FILENO) == 1;
 }
 
@@ -324,6 +329,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
 
   comm.barrier();
   const auto t0 = Clock::now();
+  auto last_bar = t0;
   int64_t it = 0;
   for (; it < total; ++it) {
     const int64_t epoch = it / per_epoch, pos = it % per_epoch;
@@ -515,7 +521,9 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
       }
     }
     if (epoch_end) epoch_loss = 0, epoch_samples = 0, epoch_correct = 0;
-    if (root && !cfg.quiet && (tty || (it + 1) % progress_every == 0)) {
+    const bool bar_due = tty && (seconds_since(last_bar) > 0.2 || it + 1 == total);
+    if (root && !cfg.quiet && (bar_due || (!tty && (it + 1) % progress_every == 0))) {
+      if (tty) last_bar = Clock::now();
       const double sps = (it + 1) * X / train_time;
       const double wf = wait_rank_time / (R * train_time);
       const double eta = (total - it - 1) * train_time / (it + 1);
