@@ -46,8 +46,10 @@ struct BalancerConfig {
   int64_t min_batch = 0;  // per worker
   int num_exo = 0;        // length of WorkerReport::exo
   // Index into WorkerReport::exo of a capacity-like availability in (0, 1] (CPU/GPU share left by
-  // co-tenants), or -1 for none. lbbsp-gpu-model uses it to normalise its curve fit and to track idle
-  // workers.
+  // co-tenants), or -1 for none. lbbsp-cpu and lbbsp-gpu-model use it to keep tracking a worker they give
+  // 0 samples (speed at capacity 1 x the capacity now), so they may idle a hopeless straggler;
+  // lbbsp-gpu-model also normalises its curve fit by it. Without it every worker keeps at least one sample
+  // (when X >= workers) to stay measured.
   int capacity_exo = -1;
   uint64_t seed = 0;
   // Memory caps (samples) known before the first report, used by initial(); empty = unlimited. After that the

@@ -75,6 +75,13 @@ class BalancerBase : public Balancer {
     return b;
   }
 
+  // The configured exo entry when it is a usable capacity in (0, 1], else NaN.
+  double capacity_signal(const std::vector<double>& exo) const {
+    const int k = cfg_.capacity_exo;
+    if (k < 0 || static_cast<size_t>(k) >= exo.size()) return kNaN;
+    const double c = exo[static_cast<size_t>(k)];
+    return std::isfinite(c) && c > 0.0 && c <= 1.0 ? c : kNaN;
+  }
   std::vector<int64_t> equal_split(const BatchBounds& bounds) const {
     return assign_by_speed(std::vector<double>(n(), 1.0), cfg_.global_batch, bounds);
   }
@@ -238,12 +245,14 @@ class LbbspCpuBalancer final : public BalancerBase {
       predictors_.push_back(
           predictors::make_predictor(spec_, cfg.num_exo, cfg.seed + static_cast<uint64_t>(i)));
     base_speed_.assign(n(), kNaN);
+    signal_base_.assign(n(), kNaN);
   }
   std::string name() const override { return "lbbsp-cpu:" + spec_; }
   std::vector<int64_t> initial() override { return equal_split(bounds_for(nullptr)); }
   std::vector<int64_t> next(const IterationReport& report) override {
     check_report(report);
     const std::vector<double> speeds = clipped_speeds(report);
+    BatchBounds bounds = bounds_for(&report);
     predicted_.resize(n());
     for (size_t i = 0; i < n(); ++i) {
       const WorkerReport& w = report.workers[i];
@@ -255,8 +264,17 @@ class LbbspCpuBalancer final : public BalancerBase {
       const bool exo_next_known = static_cast<int>(w.exo_next.size()) == cfg_.num_exo && cfg_.num_exo > 0;
       predicted_[i] =
           predictors_[i]->predict(exo_next_known ? fit_exo(w.exo_next, cfg_.num_exo) : std::vector<double>{});
+      // With a capacity signal an idle worker is still tracked: its speed at capacity 1 times the capacity
+      // now.
+      const double cap = capacity_signal(w.exo);
+      if (!std::isnan(speeds[i]) && !std::isnan(cap)) signal_base_[i] = speeds[i] / cap;
+      double cap_next = capacity_signal(w.exo_next);
+      if (std::isnan(cap_next)) cap_next = cap;
+      const bool tracked = std::isfinite(signal_base_[i]) && !std::isnan(cap_next);
+      if (std::isnan(speeds[i]) && tracked) predicted_[i] = signal_base_[i] * cap_next;
+      if (tracked) bounds.min[i] = std::min(cfg_.min_batch, bounds.max[i]);
     }
-    return assign_by_speed(predicted_, cfg_.global_batch, bounds_for(&report));
+    return assign_by_speed(predicted_, cfg_.global_batch, bounds);
   }
   std::vector<double> predicted_speeds() const override { return predicted_; }
   std::string save_state() const override {
@@ -264,6 +282,7 @@ class LbbspCpuBalancer final : public BalancerBase {
     w.str(spec_);
     w.f64s(predicted_);
     w.f64s(base_speed_);
+    w.f64s(signal_base_);
     for (const auto& p : predictors_) w.str(p->save_state());
     return w.text();
   }
@@ -272,7 +291,8 @@ class LbbspCpuBalancer final : public BalancerBase {
     if (r.str() != spec_) throw std::invalid_argument("lbbsp-cpu: state was saved with another predictor");
     predicted_ = r.f64s();
     base_speed_ = r.f64s();
-    if (base_speed_.size() != n())
+    signal_base_ = r.f64s();
+    if (base_speed_.size() != n() || signal_base_.size() != n())
       throw std::invalid_argument("lbbsp-cpu: state is for another worker count");
     for (auto& p : predictors_) p->load_state(r.str());
   }
@@ -281,7 +301,8 @@ class LbbspCpuBalancer final : public BalancerBase {
   std::string spec_;
   std::vector<std::unique_ptr<predictors::Predictor>> predictors_;
   std::vector<double> predicted_;
-  std::vector<double> base_speed_;  // speed at capacity 1, for the oracle predictor
+  std::vector<double> base_speed_;   // speed at capacity 1 (ground truth capacity), for the oracle predictor
+  std::vector<double> signal_base_;  // speed at capacity 1 by the capacity exo (cfg.capacity_exo)
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -535,13 +556,6 @@ class LbbspGpuModelBalancer final : public BalancerBase {
   }
 
  private:
-  // The configured exo entry when it is a usable capacity in (0, 1], else NaN.
-  double capacity_signal(const std::vector<double>& exo) const {
-    const int k = cfg_.capacity_exo;
-    if (k < 0 || static_cast<size_t>(k) >= exo.size()) return kNaN;
-    const double c = exo[static_cast<size_t>(k)];
-    return std::isfinite(c) && c > 0.0 && c <= 1.0 ? c : kNaN;
-  }
   void update_shape(size_t i, const WorkerReport& w, double capacity) {
     auto& pts = points_[i];
     const double b = static_cast<double>(w.batch), t = w.compute_s * capacity;

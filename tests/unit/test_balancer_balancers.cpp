@@ -246,14 +246,21 @@ TEST(Balancers, LbbspCpuLastConvergesToTheOracleOnStaticHeterogeneity) {
   for (size_t i = 0; i < n; ++i) EXPECT_NEAR(speeds[i], c.base_speed[i], 1e-9 * c.base_speed[i]);
 }
 
-TEST(Balancers, LbbspCpuKeepsMeasuringVerySlowWorkers) {
-  Cluster c = static_cpu_cluster(4, 5);
-  c.base_speed[3] = 1e-3;
-  auto bal = make_balancer(config("lbbsp-cpu:last", 4, 100));
-  auto batch = bal->initial();
-  for (size_t t = 0; t < 4; ++t) {
-    batch = bal->next(c.report(t, batch));
-    EXPECT_GE(batch[3], 1);
+TEST(Balancers, LbbspCpuKeepsMeasuringVerySlowWorkersUnlessTracked) {
+  for (int signal : {-1, 0}) {
+    Cluster c = static_cpu_cluster(4, 8);
+    c.base_speed = {100, 200, 300, 40};
+    for (size_t t = 0; t < 4; ++t) c.capacity[t][3] = 0.01;  // then back to 1
+    auto cfg = config("lbbsp-cpu:last", 4, 100);
+    cfg.capacity_exo = signal;
+    auto bal = make_balancer(cfg);
+    auto batch = bal->initial();
+    for (size_t t = 0; t < 4; ++t) {
+      batch = bal->next(c.report(t, batch));
+      EXPECT_EQ(batch[3], signal < 0 ? 1 : 0) << t;  // untracked workers must stay measured
+    }
+    batch = bal->next(c.report(4, batch));
+    EXPECT_GE(batch[3], 5) << signal;  // 100 * 40 / 640 = 6.25 at full capacity: used again
   }
 }
 
