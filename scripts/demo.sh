@@ -16,7 +16,7 @@ while (($#)); do
   shift
 done
 
-./scripts/setup.sh
+./scripts/setup.sh --target lbbsp
 mkdir -p data "$out"
 [[ -f data/fashion-mnist.h5 ]] || build/lbbsp data import-fashion-mnist --out data/fashion-mnist.h5
 

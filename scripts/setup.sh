@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Installs every Debian package lbbsp needs (idempotent, non-interactive, as root or through sudo) and builds
 # into build/ (the binary is build/lbbsp).
-#   scripts/setup.sh [--no-build] [--extras] [-- extra cmake args]
+#   scripts/setup.sh [--no-build] [--extras] [--target T] [-- extra cmake args]
+#   --target builds one CMake target (e.g. lbbsp) instead of everything (tests, benchmarks).
 #   --extras also installs what experiments, peers and Slurm tests need (PyTorch, stress-ng, Slurm, munge).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-build=1 extras=0 cmake_args=()
+build=1 extras=0 cmake_args=() targets=()
 while (($#)); do
   case $1 in
     --no-build) build=0 ;;
     --extras) extras=1 ;;
+    --target) targets+=(--target "$2"); shift ;;
     --) shift; cmake_args=("$@"); break ;;
-    *) echo "setup.sh: unknown option '$1' (use --no-build, --extras, -- CMAKE_ARGS)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown option '$1' (use --no-build, --extras, --target T, -- CMAKE_ARGS)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -46,5 +48,5 @@ fi
 
 if ((build)); then
   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "${cmake_args[@]}"
-  cmake --build build -j "$(nproc)"
+  cmake --build build -j "$(nproc)" "${targets[@]}"
 fi
