@@ -35,6 +35,7 @@ struct ModelConfig {
   InputShape input;                     // from the dataset
   int classes = 10;                     // from the dataset
   std::vector<int> hidden = {256, 128};  // MLP widths
+  std::string device = "cpu";           // cpu | cuda (current CUDA device; models/cuda/cuda_models.hpp)
 };
 
 class Model {
