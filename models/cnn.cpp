@@ -49,7 +49,35 @@ class Cnn final : public Model {
   StepStats forward_backward(const float* params, const float* x, const uint8_t* y, int n,
                              float* grad) override {
     check_labels(y, n, classes_);
-    if (n == 0) return {};
+    // Large slices run as consecutive micro-batches (a fixed size, so the result does not depend on the
+    // thread count): the feature maps of 64 samples stay in cache; 256 at once measured 20% slower.
+    StepStats total;
+    for (int s0 = 0; s0 < n; s0 += kMicroBatch) {
+      const int count = std::min(kMicroBatch, n - s0);
+      const StepStats part = micro_batch(params, x + size_t(s0) * in_.size(), y + s0, count, grad);
+      total.loss_sum += part.loss_sum;
+      total.correct += part.correct;
+    }
+    return total;
+  }
+
+  StepStats evaluate(const float* params, const float* x, const uint8_t* y, int n) override {
+    return evaluate_in_chunks(x, y, n, size_t(in_.size()), classes_,
+                              [&](const float* xs, int count) { return forward(params, xs, count); });
+  }
+
+  double flops_per_sample() const override {
+    // GEMM work only: forward + weight gradient for both convs and the fc, input gradient for conv2 and fc.
+    const double c1 = 2.0 * conv1_.height * conv1_.width * kChannels1 * conv1_.col_width();
+    const double c2 = 2.0 * conv2_.height * conv2_.width * kChannels2 * conv2_.col_width();
+    const double fc = 2.0 * fc_in_ * classes_;
+    return 2.0 * c1 + 3.0 * c2 + 3.0 * fc;
+  }
+
+ private:
+  static constexpr int kMicroBatch = 64;
+
+  StepStats micro_batch(const float* params, const float* x, const uint8_t* y, int n, float* grad) {
     const float* logits = forward(params, x, n);
     const size_t pooled1 = size_t(n) * (in_.height / 2) * (in_.width / 2);  // pixels after pool 1
     const size_t pooled2 = size_t(n) * (in_.height / 4) * (in_.width / 4);
@@ -73,20 +101,6 @@ class Cnn final : public Model {
     return stats;
   }
 
-  StepStats evaluate(const float* params, const float* x, const uint8_t* y, int n) override {
-    return evaluate_in_chunks(x, y, n, size_t(in_.size()), classes_,
-                              [&](const float* xs, int count) { return forward(params, xs, count); });
-  }
-
-  double flops_per_sample() const override {
-    // GEMM work only: forward + weight gradient for both convs and the fc, input gradient for conv2 and fc.
-    const double c1 = 2.0 * conv1_.height * conv1_.width * kChannels1 * conv1_.col_width();
-    const double c2 = 2.0 * conv2_.height * conv2_.width * kChannels2 * conv2_.col_width();
-    const double fc = 2.0 * fc_in_ * classes_;
-    return 2.0 * c1 + 3.0 * c2 + 3.0 * fc;
-  }
-
- private:
   const float* forward(const float* params, const float* x, int n) {
     conv1_.n = conv2_.n = n;
     const int h2 = in_.height / 2, w2 = in_.width / 2, h4 = in_.height / 4, w4 = in_.width / 4;
