@@ -77,21 +77,33 @@ int64_t capacity_at(const TimeCurve& c, double T, int64_t lo, int64_t hi) {
 }
 
 // Real-valued relaxation of the total capacity at time T (an upper bound of the integer one).
-double relaxed_total(const std::vector<TimeCurve>& curves, const ResolvedBounds& rb, double T) {
-  double total = 0.0;
-  for (size_t i = 0; i < curves.size(); ++i) {
-    const TimeCurve& c = curves[i];
-    double estimate;
-    if (T < c.floor_s)
-      estimate = 0.0;
-    else if (c.slope_s_per_sample <= 0.0)
-      estimate = static_cast<double>(rb.hi[i]);
-    else
-      estimate = c.sat_batch + (T - c.floor_s) / c.slope_s_per_sample;
-    total += std::clamp(estimate, static_cast<double>(rb.lo[i]), static_cast<double>(rb.hi[i]));
+// Real-valued relaxation of the total capacity at time T (an upper bound of the integer one up to rounding),
+// on flat arrays with the inverse slopes precomputed: this loop is most of the assignment's cost.
+struct Relaxation {
+  std::vector<double> floor_s, sat, rate, lo, hi;  // rate = 1 / slope (inf when flat forever)
+  Relaxation(const std::vector<TimeCurve>& curves, const ResolvedBounds& rb) {
+    const size_t n = curves.size();
+    floor_s.resize(n), sat.resize(n), rate.resize(n), lo.resize(n), hi.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      floor_s[i] = curves[i].floor_s;
+      sat[i] = curves[i].sat_batch;
+      rate[i] = curves[i].slope_s_per_sample > 0 ? 1.0 / curves[i].slope_s_per_sample
+                                                 : std::numeric_limits<double>::infinity();
+      lo[i] = static_cast<double>(rb.lo[i]);
+      hi[i] = static_cast<double>(rb.hi[i]);
+    }
   }
-  return total;
-}
+  double total(double T) const {
+    double sum = 0.0;
+    const size_t n = floor_s.size();
+    for (size_t i = 0; i < n; ++i) {
+      const double above = T - floor_s[i];
+      const double estimate = above < 0 ? 0.0 : std::min(hi[i], sat[i] + above * rate[i]);
+      sum += std::clamp(estimate, lo[i], hi[i]);
+    }
+    return sum;
+  }
+};
 
 // Start below the optimum only by rounding, without ever rounding up.
 int64_t capacity_at_or_below(const TimeCurve& c, double T, int64_t lo, int64_t hi) {
@@ -156,28 +168,50 @@ std::vector<int64_t> assign_sanitized(const std::vector<TimeCurve>& curves, int6
     return batch;
   }
 
-  // Bisection on the relaxed total to find T_lo just below the optimal finish time (relaxed_total(lo) < X).
+  // Bracket the optimal finish time on the relaxed total, then narrow it by false position (Illinois variant,
+  // with a bisection step every third iteration so that jumps of flat curves cannot stall it). The event
+  // phase below makes the result exact, so the tolerance only bounds how many events it has to process.
+  const Relaxation relax(curves, rb);
   const int64_t share = (global_batch + static_cast<int64_t>(n) - 1) / static_cast<int64_t>(n);
   double hi = 0.0;
   for (const TimeCurve& c : curves) hi = std::max(hi, c.time(static_cast<double>(share)));
   if (!(hi > 0.0)) hi = 1.0;
   const double X = static_cast<double>(global_batch);
-  for (int guard = 0; relaxed_total(curves, rb, hi) < X; ++guard) {
+  double f_hi = relax.total(hi) - X;
+  for (int guard = 0; f_hi < 0; ++guard) {
     if (guard > 2000 || !std::isfinite(hi)) throw std::logic_error("assign: cannot bracket the finish time");
     hi *= 2.0;
+    f_hi = relax.total(hi) - X;
   }
-  double lo = 0.0;
-  for (int iter = 0; iter < 200 && hi - lo > 1e-7 * hi; ++iter) {
-    const double mid = 0.5 * (lo + hi);
-    (relaxed_total(curves, rb, mid) < X ? lo : hi) = mid;
+  double lo = 0.0, f_lo = relax.total(0.0) - X;
+  if (f_lo >= 0) f_lo = -0.5;  // fractional free capacity at T = 0: keep the bracket's sign convention
+  int side = 0;
+  for (int iter = 0; iter < 200 && hi - lo > 1e-9 * hi; ++iter) {
+    double T = iter % 3 == 2 ? 0.5 * (lo + hi) : (lo * f_hi - hi * f_lo) / (f_hi - f_lo);
+    if (!(T > lo && T < hi)) T = 0.5 * (lo + hi);
+    const double f = relax.total(T) - X;
+    if (f < 0) {
+      lo = T, f_lo = f;
+      if (side == -1) f_hi *= 0.5;
+      side = -1;
+    } else {
+      hi = T, f_hi = f;
+      if (side == +1) f_lo *= 0.5;
+      side = +1;
+    }
   }
 
   // Start at the integer capacities at T_lo (sum < X), then raise workers in order of the time their next
   // sample would finish: the first time the total reaches X is the optimal slowest finish time.
-  total = 0;
-  for (size_t i = 0; i < n; ++i) {
-    batch[i] = capacity_at_or_below(curves[i], lo, rb.lo[i], rb.hi[i]);
-    total += batch[i];
+  for (int retry = 0;; ++retry) {
+    total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      batch[i] = capacity_at_or_below(curves[i], lo, rb.lo[i], rb.hi[i]);
+      total += batch[i];
+    }
+    if (total < global_batch) break;
+    if (lo == 0.0) throw std::logic_error("assign: no start below the optimum");
+    lo = retry < 60 ? lo * 0.999 : 0.0;  // rounding put T_lo at the optimum: step back below it
   }
   using Event = std::pair<double, size_t>;  // (finish time with one more sample, worker); ties -> lower rank
   std::vector<Event> heap;
