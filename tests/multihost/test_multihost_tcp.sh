@@ -5,6 +5,7 @@
 #   1. the ranks really run one per namespace and the limited link is slow (probe.c),
 #   2. `lbbsp train` over that network ends with the same parameters, train loss and test accuracy as the same run
 #      on one host with 4 ranks and with 1 rank (relative 1e-5: float summation order is all that may differ),
+#      also with the lbbsp-cpu balancer splitting the global batch unevenly (host 3 emulated at half speed),
 #   3. the training traffic went through the limited link.
 # The hosts are tests/multihost/netns_hosts.sh's; every namespace (and with them every veth, bridge and qdisc) is
 # removed on exit. Needs root (ip netns), iproute2, Open MPI with mpicc, and python3 with numpy/h5py.
@@ -113,8 +114,12 @@ after=$(sent_bytes)
 echo "multi-host training: $((SECONDS - t0)) s; host $SLOW sent $((after - before)) bytes through its limited link"
 ((after - before > 10000)) || fail "host $SLOW sent only $((after - before)) bytes during training: traffic bypassed the test network"
 grep -q ' -> ' "$SCRATCH/agent.log" || fail "the rsh agent was never used: ranks did not start on the namespace hosts"
+# Uneven batch splits (LB-BSP balancer, host 3 emulated at half speed) change timing over the network, never the math.
+mh_mpirun 240 "$LBBSP" "${train[@]}" --balancer lbbsp-cpu --straggle static:1,1,1,0.5 \
+  --summary-json "$SCRATCH/multi4lb.json" --save-params "$SCRATCH/multi4lb.h5" >"$SCRATCH/multi4lb.log" 2>&1 ||
+  { cat "$SCRATCH/multi4lb.log"; fail "the 4-host run with --balancer lbbsp-cpu failed"; }
 
-for f in single1 single4 multi4; do
+for f in single1 single4 multi4 multi4lb; do
   ranks=$([[ $f == single1 ]] && echo 1 || echo 4)
   "$PYTHON" "$here/../slurm/check_results.py" summary "$SCRATCH/$f.json" --ranks "$ranks" --iterations 25 \
     --model logreg --global-batch 128 || fail "$f: summary JSON is not sane"
@@ -123,3 +128,6 @@ done
   --params "$SCRATCH/single4.h5" "$SCRATCH/multi4.h5" || fail "4 ranks on one host and on four hosts disagree"
 "$PYTHON" "$here/../slurm/check_results.py" compare "$SCRATCH/single1.json" "$SCRATCH/multi4.json" --rtol 1e-5 \
   --params "$SCRATCH/single1.h5" "$SCRATCH/multi4.h5" || fail "1 rank on one host and 4 ranks on four hosts disagree"
+"$PYTHON" "$here/../slurm/check_results.py" compare "$SCRATCH/single1.json" "$SCRATCH/multi4lb.json" --rtol 1e-5 \
+  --params "$SCRATCH/single1.h5" "$SCRATCH/multi4lb.h5" ||
+  fail "1 rank on one host and 4 ranks on four hosts with the lbbsp-cpu balancer disagree"
