@@ -201,8 +201,8 @@ std::vector<int64_t> assign_sanitized(const std::vector<TimeCurve>& curves, int6
     }
   }
 
-  // Start at the integer capacities at T_lo (sum < X), then raise workers in order of the time their next
-  // sample would finish: the first time the total reaches X is the optimal slowest finish time.
+  // Start at the integer capacities at T_lo (sum < X, below the optimum only by rounding), then add the
+  // missing samples by selection.
   for (int retry = 0;; ++retry) {
     total = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -213,30 +213,63 @@ std::vector<int64_t> assign_sanitized(const std::vector<TimeCurve>& curves, int6
     if (lo == 0.0) throw std::logic_error("assign: no start below the optimum");
     lo = retry < 60 ? lo * 0.999 : 0.0;  // rounding put T_lo at the optimum: step back below it
   }
-  using Event = std::pair<double, size_t>;  // (finish time with one more sample, worker); ties -> lower rank
-  std::vector<Event> heap;
-  heap.reserve(n);
-  for (size_t i = 0; i < n; ++i)
-    if (batch[i] < rb.hi[i]) heap.emplace_back(curves[i].time(static_cast<double>(batch[i] + 1)), i);
-  std::make_heap(heap.begin(), heap.end(), std::greater<>());
-  while (total < global_batch) {
-    if (heap.empty()) throw std::logic_error("assign: ran out of capacity (bounds were checked)");
-    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
-    const auto [T, i] = heap.back();
-    heap.pop_back();
-    const int64_t raised = std::max(batch[i] + 1, capacity_at(curves[i], T, batch[i], rb.hi[i]));
-    total += raised - batch[i];
-    batch[i] = raised;
-    if (total >= global_batch) {
-      batch[i] -=
-          total - global_batch;  // the surplus came from this worker's jump, so it stays >= its old batch
-      break;
+  // The D missing samples are the D cheapest "next samples" over all workers (each worker's sample times only
+  // grow). T_D, the D-th smallest time of a worker's first extra sample, bounds the optimum; every worker
+  // whose first extra sample finishes by T_D takes all samples it can finish by T_D, and the surplus is
+  // handed back from the most expensive samples down, ties resolved against the higher rank (so ties favour
+  // low ranks).
+  using Unit = std::pair<double, size_t>;  // (finish time, worker)
+  std::vector<Unit> first, tops;           // tops: (time of the worker's most expensive added sample, worker)
+  std::vector<int64_t> added(n, 0);
+  first.reserve(n);
+  // More than one round only when some workers have to take several times their first extra sample's worth.
+  for (;;) {
+    const int64_t missing = global_batch - total;
+    first.clear();
+    tops.clear();
+    for (size_t i = 0; i < n; ++i)
+      if (batch[i] < rb.hi[i]) first.emplace_back(curves[i].time(static_cast<double>(batch[i] + 1)), i);
+    if (first.empty()) throw std::logic_error("assign: ran out of capacity (bounds were checked)");
+    const size_t kth =
+        static_cast<size_t>(std::min<int64_t>(missing, static_cast<int64_t>(first.size()))) - 1;
+    std::nth_element(first.begin(), first.begin() + static_cast<std::ptrdiff_t>(kth), first.end());
+    const double t_d = first[kth].first;
+    int64_t surplus = -missing;
+    for (const Unit& u : first) {
+      if (u.first > t_d) continue;
+      const size_t i = u.second;
+      added[i] = std::max<int64_t>(1, capacity_at(curves[i], t_d, batch[i], rb.hi[i]) - batch[i]);
+      surplus += added[i];
+      tops.emplace_back(curves[i].time(static_cast<double>(batch[i] + added[i])), i);
     }
-    if (batch[i] < rb.hi[i]) {
-      heap.emplace_back(curves[i].time(static_cast<double>(batch[i] + 1)), i);
-      std::push_heap(heap.begin(), heap.end(), std::greater<>());
+    if (surplus < 0) {  // everything up to T_D is in the optimum: take it and select again
+      for (size_t i = 0; i < n; ++i) batch[i] += added[i], total += added[i], added[i] = 0;
+      continue;
     }
+    std::make_heap(tops.begin(), tops.end());
+    while (surplus > 0) {
+      std::pop_heap(tops.begin(), tops.end());
+      const size_t i = tops.back().second;
+      tops.pop_back();
+      // Hand back, in one go, this worker's samples that rank above every other worker's most expensive one.
+      int64_t keep = 0;
+      if (!tops.empty()) {
+        const auto [t2, j] = tops.front();
+        const double limit = i < j ? t2 : std::nextafter(t2, -std::numeric_limits<double>::infinity());
+        keep =
+            std::min(added[i] - 1, capacity_at(curves[i], limit, batch[i], batch[i] + added[i]) - batch[i]);
+      }
+      const int64_t give_back = std::min(surplus, added[i] - keep);
+      added[i] -= give_back;
+      surplus -= give_back;
+      if (added[i] > 0) {
+        tops.emplace_back(curves[i].time(static_cast<double>(batch[i] + added[i])), i);
+        std::push_heap(tops.begin(), tops.end());
+      }
+    }
+    break;
   }
+  for (size_t i = 0; i < n; ++i) batch[i] += added[i];
   return batch;
 }
 
