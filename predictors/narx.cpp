@@ -98,7 +98,8 @@ void NarxPredictor::blend_weights(double* w, int count) const {
   for (int i = 0; i < count; ++i) {
     // Relative to the best, so the weights are scale-free; a tiny floor avoids 0/0 on constant series.
     const double ratio = (best + 1e-300) / (mse_[i] + 1e-300);
-    w[i] = options_.sharp == 2 ? ratio * ratio : std::pow(ratio, options_.sharp);
+    const double r2 = ratio * ratio;
+    w[i] = options_.sharp == 4 ? r2 * r2 : options_.sharp == 2 ? r2 : std::pow(ratio, options_.sharp);
     total += w[i];
   }
   for (int i = 0; i < count; ++i) w[i] /= total;

@@ -131,9 +131,10 @@ std::vector<std::string> split_predictor_list(const std::string& list) {
   while (std::getline(in, item, ',')) {
     // "2", "0.5", "dy=4" continue the previous spec's arguments; anything else ("lstm" too) starts a new
     // spec.
-    const bool argument_like = !item.empty() && (item.find('=') != std::string::npos ||
-                                                 std::isdigit(static_cast<unsigned char>(item[0])) ||
-                                                 item[0] == '.' || item[0] == '-');
+    const bool argument_like =
+        !item.empty() && item.find(':') == std::string::npos &&
+        (item.find('=') != std::string::npos || std::isdigit(static_cast<unsigned char>(item[0])) ||
+         item[0] == '.' || item[0] == '-');
     if (argument_like && !specs.empty() && specs.back().find(':') != std::string::npos)
       specs.back() += "," + item;
     else

@@ -180,6 +180,8 @@ TEST(PredictEval, FormatsAndSpecLists) {
   EXPECT_THROW(format_report(r, "xml"), std::invalid_argument);
   EXPECT_EQ(split_predictor_list("narx:dy=4,du=2,arima:2,0,1,ema,last"),
             (std::vector<std::string>{"narx:dy=4,du=2", "arima:2,0,1", "ema", "last"}));
+  EXPECT_EQ(split_predictor_list("narx:epochs=1,narx:batch=4,hidden=8"),
+            (std::vector<std::string>{"narx:epochs=1", "narx:batch=4,hidden=8"}));
   EXPECT_EQ(split_predictor_list("narx,lstm,ema:0.3"), (std::vector<std::string>{"narx", "lstm", "ema:0.3"}));
   options.predictors = {"lstm"};
   EXPECT_THROW(evaluate({constant_then_step("csv", 1, 2, 10)}, options), std::invalid_argument);
