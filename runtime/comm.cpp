@@ -44,6 +44,11 @@ void Comm::allreduce_min_max(double* mn, double* mx) {
   LBBSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mn, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
   LBBSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
 }
+std::vector<int64_t> Comm::allgather(int64_t value) {
+  std::vector<int64_t> all(size_);
+  LBBSP_MPI_CHECK(MPI_Allgather(&value, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, MPI_COMM_WORLD));
+  return all;
+}
 void Comm::bcast(int64_t* buf, size_t n, int root) {
   LBBSP_MPI_CHECK(MPI_Bcast(buf, static_cast<int>(n), MPI_INT64_T, root, MPI_COMM_WORLD));
 }

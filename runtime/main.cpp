@@ -1,11 +1,21 @@
 // The `lbbsp` command: one binary, subcommands registered from runtime/*_cmd.cpp.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 
 #include "runtime/comm.hpp"
 #include "runtime/commands.hpp"
 
 int main(int argc, char** argv) {
+  // OpenMP threads that spin after each parallel region fight OpenBLAS's own threads for the cores (a 50x
+  // slow-down measured at 2 threads). libgomp reads OMP_WAIT_POLICY when it loads, so set it and re-exec
+  // once.
+  if (!std::getenv("OMP_WAIT_POLICY")) {
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv);  // on failure carry on with the spinning default
+  }
   CLI::App app{
       "lbbsp: straggler-free synchronous data-parallel training (LB-BSP semi-dynamic load balancing)"};
   app.set_version_flag("--version", std::string("lbbsp ") + LBBSP_VERSION);

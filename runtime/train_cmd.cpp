@@ -17,6 +17,9 @@ void add_train_command(CLI::App& app) {
   t->add_option("--model", c.model, "logreg | mlp | cnn")
       ->check(CLI::IsMember({"logreg", "mlp", "cnn"}))
       ->capture_default_str();
+  t->add_option("--device", c.device, "cpu | cuda (one GPU per rank, chosen from the node-local rank)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   t->add_option("--hidden", c.hidden, "MLP hidden widths, e.g. 256,128")
       ->delimiter(',')
       ->capture_default_str();

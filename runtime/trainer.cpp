@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -18,6 +19,9 @@
 #include <thread>
 
 #include "models/model.hpp"
+#ifdef LBBSP_WITH_CUDA
+#include "models/cuda/cuda_models.hpp"
+#endif
 #include "models/optimizer.hpp"
 #include "runtime/batch_manager.hpp"
 #include "runtime/dataset.hpp"
@@ -237,6 +241,19 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   mc.input = train.shape();
   mc.classes = train.classes();
   mc.hidden = cfg.hidden;
+  mc.device = cfg.device;
+  // Most samples this rank may take: the emulated cap, and on a GPU what fits in 80% of its free memory.
+  int64_t my_cap = std::numeric_limits<int64_t>::max();
+  if (cfg.device == "cuda") {
+#ifdef LBBSP_WITH_CUDA
+    models::select_cuda_device(comm.local_rank());
+    my_cap = static_cast<int64_t>(models::cuda_free_bytes() * 0.8 / models::per_sample_bytes(mc));
+#else
+    throw std::invalid_argument(
+        "--device cuda: lbbsp was built without CUDA (configure with -DLBBSP_WITH_CUDA=ON "
+        "on a machine with nvcc)");
+#endif
+  }
   auto model = models::make_model(mc);
   const size_t P = model->num_params();
   std::vector<float> params(P);
@@ -250,6 +267,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   auto schedule = models::parse_lr_schedule(cfg.lr_schedule, cfg.lr, cfg.warmup_iterations, total);
 
   Straggler straggler(cfg.straggle, R, cfg.seed);
+  const std::vector<int64_t> caps = comm.allgather(std::min(my_cap, straggler.mem_cap(me)));
   ResourceMonitor monitor;
   constexpr int kExo = 3;  // cpu_avail, mem_avail, load
 
@@ -260,6 +278,8 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   bc.global_batch = X;
   bc.min_batch = cfg.min_batch;
   bc.num_exo = kExo;
+  bc.capacity_exo = 0;  // cpu_avail: the share of this rank's CPUs left by co-tenants
+  if (*std::min_element(caps.begin(), caps.end()) < std::numeric_limits<int64_t>::max()) bc.mem_cap = caps;
   bc.seed = cfg.seed;
   std::unique_ptr<BatchSizeManager> manager;
   std::vector<int64_t> batch(R);
@@ -423,7 +443,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
         w.compute_s = s[kCompute];
         w.exo = {s[kCpu], s[kMem], s[kLoad]};
         w.exo_next = w.exo;  // measured at the barrier just before the coming iteration
-        w.mem_cap = straggler.mem_cap(r);
+        w.mem_cap = caps[r];
         w.capacity = s[kCapacity];
         w.capacity_next = straggler.capacity(r, next_start);
         w.curve_next = straggler.curve(r, next_start);

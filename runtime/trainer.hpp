@@ -12,6 +12,7 @@ namespace lbbsp::runtime {
 struct TrainConfig {
   std::string data;
   std::string model = "mlp";
+  std::string device = "cpu";  // cpu | cuda (one GPU per rank, chosen from the local rank)
   std::vector<int> hidden = {256, 128};
   int epochs = 1;
   int64_t global_batch = 64;
