@@ -265,7 +265,10 @@ void Straggler::start_cotenant(int rank) {
   sched_getaffinity(0, sizeof set, &set);
   std::string cpus;
   for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
+    if (CPU_ISSET(c, &set)) {
+      if (!cpus.empty()) cpus += ',';
+      cpus += std::to_string(c);
+    }
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("cannot fork the stress-ng co-tenant");
