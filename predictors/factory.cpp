@@ -13,7 +13,7 @@ namespace {
 
 constexpr const char* kValidSpecs =
     "valid: last, ema[:ALPHA] (e.g. ema:0.3), arima[:P,D,Q[,window=N]] (e.g. arima:1,0,1), "
-    "narx[:dy=4,du=2,hidden=8,window=64,lr=0.01,epochs=1,batch=8,sharp=4], oracle";
+    "narx[:dy=4,du=2,hidden=8,window=64,lr=0.01,epochs=2,batch=8,sharp=4], oracle";
 
 [[noreturn]] void bad_spec(const std::string& spec, const std::string& why) {
   throw std::invalid_argument("bad predictor spec '" + spec + "': " + why + " (" + kValidSpecs + ")");
