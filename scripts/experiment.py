@@ -1,0 +1,473 @@
+#!/usr/bin/python3
+"""Run the LB-BSP experiment end to end on this machine and write a results folder.
+
+Scenarios (trainer runs under mpirun, 4 ranks, MLP on Fashion-MNIST):
+  static   --straggle static:1,1,0.5,0.25
+  trace    replay of real co-tenant CPU traces (Alibaba 2018 co-located machines)
+  stress   a real stress-ng co-tenant next to ranks 1 and 3, on/off every 2 s
+  gpu-emu  GPU-like cost profile (flat to saturation, then linear, memory cap) emulated in the trainer
+  gpu-sim  the same kind of profile through `lbbsp simulate --profile gpu` (many workers, trace-driven)
+For each scenario and balancer: mean iteration time, wait fraction, efficiency vs the oracle (oracle mean iteration
+time / this one's), speed-up vs BSP, time to the target test accuracy; plots of per-rank batch sizes, iteration time,
+predicted vs actual speed and accuracy over time. A PyTorch DDP peer (scripts/peers/pytorch_ddp.py: same MLP, data
+order, global batch and static straggler emulation, equal split) adds a "pytorch-ddp" row to the static scenario.
+
+usage: scripts/experiment.py [--quick | --smoke | --full] [--lbbsp PATH] [--data PATH] [--out DIR] [--repeats N]
+Run with /usr/bin/python3 (numpy, h5py, matplotlib; torch for the DDP peer).
+"""
+import argparse
+import csv
+import datetime
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import h5py
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRACES = os.path.normpath(os.path.join(ROOT, "..", "shared", "traces"))
+
+# name -> (--balancer, --predictor)
+BALANCERS = {
+    "bsp": ("bsp", None),
+    "static": ("static", None),
+    "lbbsp-cpu/narx": ("lbbsp-cpu", "narx"),
+    "lbbsp-cpu/arima": ("lbbsp-cpu", "arima"),
+    "lbbsp-cpu/ema": ("lbbsp-cpu", "ema"),
+    "lbbsp-cpu/last": ("lbbsp-cpu", "last"),
+    "lbbsp-gpu": ("lbbsp-gpu", None),
+    "lbbsp-gpu-model": ("lbbsp-gpu-model", None),
+    "oracle": ("oracle", None),
+}
+ALL_CPU = ["bsp", "static", "lbbsp-cpu/narx", "lbbsp-cpu/arima", "lbbsp-cpu/ema", "lbbsp-cpu/last", "lbbsp-gpu",
+           "lbbsp-gpu-model", "oracle"]
+GPU_EMU = "gpu=0.02:32:0.0004:640"  # FLOOR s to SAT samples, + SLOPE s/sample, CAP samples (per rank, / capacity)
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def mode_config(a):
+    """Parameters of each mode: which scenarios, balancers, iterations."""
+    alibaba = os.path.join(TRACES, "alibaba_v2018_machine_usage")
+    trace_spec = f"trace:{alibaba};scale={a.trace_scale};seed=7"
+    scen = {
+        "static": {"straggle": "static:1,1,0.5,0.25", "balancers": ALL_CPU},
+        "trace": {"straggle": trace_spec, "balancers": ALL_CPU},
+        "stress": {"straggle": "stress:1=80,3=50;period=2", "balancers": ALL_CPU},
+        "gpu-emu": {"straggle": f"static:1,1,0.5,0.25;{GPU_EMU}",
+                    "balancers": ["bsp", "lbbsp-cpu/narx", "lbbsp-gpu", "lbbsp-gpu-model", "oracle"]},
+    }
+    cfg = dict(model="mlp", ranks=4, global_batch=a.global_batch, lr=a.lr, target=0.87, eval_every=100,
+               test_subset=5000, iterations=a.iterations or 1200, gpu_iterations=400, sim=True, peer=True,
+               scenarios=scen, repeats=a.repeats)
+    if a.quick:
+        cfg.update(iterations=a.iterations or 500, gpu_iterations=150, eval_every=100, test_subset=2000, target=0.85)
+        quick = ["bsp", "static", "lbbsp-cpu/narx", "lbbsp-cpu/ema", "oracle"]
+        for k in ("static", "trace", "stress"):
+            scen[k]["balancers"] = quick
+        scen["gpu-emu"]["balancers"] = ["bsp", "lbbsp-gpu", "lbbsp-gpu-model", "oracle"]
+    if a.smoke:
+        cfg.update(iterations=a.iterations or 40, gpu_iterations=0, eval_every=20, test_subset=500, target=0.3,
+                   sim=False, peer=False, lr=0.05)
+        cfg["scenarios"] = {"static": {"straggle": "static:1,1,0.5,0.25",
+                                       "balancers": ["bsp", "lbbsp-cpu/last", "oracle"]}}
+    if a.full:
+        cfg["cnn"] = True
+    if a.scenarios:
+        keep = a.scenarios.split(",")
+        cfg["scenarios"] = {k: v for k, v in cfg["scenarios"].items() if k in keep}
+        cfg["sim"] = cfg["sim"] and "gpu-sim" in keep
+    if a.balancers:
+        for v in cfg["scenarios"].values():
+            v["balancers"] = [b for b in a.balancers.split(",") if b in BALANCERS]
+    if not os.path.isdir(alibaba) and "trace" in cfg["scenarios"]:
+        log(f"experiment.py: {alibaba} not found; skipping the trace scenario")
+        del cfg["scenarios"]["trace"]
+    if shutil.which("stress-ng") is None and "stress" in cfg["scenarios"]:
+        log("experiment.py: stress-ng not installed; skipping the stress scenario")
+        del cfg["scenarios"]["stress"]
+    return cfg
+
+
+def mpirun_env():
+    env = dict(os.environ)
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    # Waiting ranks yield the CPU instead of spinning: 4 ranks share 2 cores here.
+    env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    env.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    return env
+
+
+def train_cmd(a, cfg, model, straggle, balancer, run_dir, iterations, target):
+    bal, pred = BALANCERS[balancer]
+    cmd = ["mpirun", "-n", str(cfg["ranks"]), "--oversubscribe", "--bind-to", "none", a.lbbsp, "train",
+           "--data", a.data, "--model", model, "--global-batch", str(cfg["global_batch"] if model == "mlp"
+                                                                       else a.cnn_global_batch),
+           "--lr", str(cfg["lr"] if model == "mlp" else 0.05), "--momentum", "0.9", "--epochs", "100",
+           "--max-iterations", str(iterations), "--seed", "1", "--balancer", bal, "--straggle", straggle,
+           "--lag", str(a.lag), "--eval-every", str(cfg["eval_every"]), "--test-subset", str(cfg["test_subset"]),
+           "--quiet", "--log-dir", run_dir, "--summary-json", os.path.join(run_dir, "summary.json")]
+    if pred:
+        cmd += ["--predictor", pred]
+    if target:
+        cmd += ["--target-accuracy", str(target)]
+    if a.min_batch is not None:
+        cmd += ["--min-batch", str(a.min_batch)]
+    return cmd
+
+
+def run_train(a, cfg, scenario, model, straggle, balancer, rep, iterations, target):
+    run_dir = os.path.join(a.out, "runs", f"{scenario}", f"{balancer.replace('/', '_')}-r{rep}")
+    os.makedirs(run_dir, exist_ok=True)
+    cmd = train_cmd(a, cfg, model, straggle, balancer, run_dir, iterations, target)
+    with open(os.path.join(run_dir, "command.txt"), "w") as f:
+        f.write(" ".join(f"'{c}'" if (";" in c or " " in c) else c for c in cmd) + "\n")
+    t = time.time()
+    p = subprocess.run(cmd, env=mpirun_env(), cwd=ROOT, capture_output=True, text=True, timeout=a.run_timeout)
+    if p.returncode != 0:
+        log(f"  {scenario}/{balancer}: FAILED (exit {p.returncode}): {(p.stderr or p.stdout)[-600:]}")
+        return None
+    s = json.load(open(os.path.join(run_dir, "summary.json")))
+    s["run_dir"] = run_dir
+    s["wall_clock_s"] = time.time() - t
+    return s
+
+
+def run_peer(a, cfg, scenario, straggle, rep, iterations, target):
+    run_dir = os.path.join(a.out, "runs", scenario, f"pytorch-ddp-r{rep}")
+    os.makedirs(run_dir, exist_ok=True)
+    factors = straggle.split(";")[0].split(":", 1)[1]
+    cmd = [a.torch_python, os.path.join(ROOT, "scripts", "peers", "pytorch_ddp.py"), "--data", a.data,
+           "--ranks", str(cfg["ranks"]), "--global-batch", str(cfg["global_batch"]), "--lr", str(cfg["lr"]),
+           "--momentum", "0.9", "--max-iterations", str(iterations), "--seed", "1", "--straggle", factors,
+           "--eval-every", str(cfg["eval_every"]), "--test-subset", str(cfg["test_subset"]),
+           "--summary-json", os.path.join(run_dir, "summary.json")]
+    if target:
+        cmd += ["--target-accuracy", str(target)]
+    with open(os.path.join(run_dir, "command.txt"), "w") as f:
+        f.write(" ".join(cmd) + "\n")
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=a.run_timeout)
+    except subprocess.TimeoutExpired:
+        log(f"  {scenario}/pytorch-ddp: timed out")
+        return None
+    if p.returncode != 0:
+        log(f"  {scenario}/pytorch-ddp: FAILED (exit {p.returncode}): {(p.stderr or p.stdout)[-600:]}")
+        return None
+    s = json.load(open(os.path.join(run_dir, "summary.json")))
+    s["run_dir"] = run_dir
+    return s
+
+
+def run_sim(a, cfg):
+    """GPU-like profile on 32 simulated workers, trace-driven: JSON from lbbsp simulate."""
+    out = os.path.join(a.out, "runs", "gpu-sim")
+    os.makedirs(out, exist_ok=True)
+    cmd = [a.lbbsp, "simulate", "--workers", "32", "--traces", os.path.join(TRACES, "alibaba_v2018_machine_usage"),
+           "--balancers", "bsp,static,lbbsp-cpu:narx,lbbsp-cpu:arima,lbbsp-cpu:ema,lbbsp-cpu:last,lbbsp-gpu,"
+           "lbbsp-gpu-model,oracle", "--iterations", str(500 if not a.quick else 200), "--profile", "gpu",
+           "--global-batch", "2048", "--seed", "1", "--format", "json",
+           "--trace-out", os.path.join(out, "batches.csv")]
+    with open(os.path.join(out, "command.txt"), "w") as f:
+        f.write(" ".join(cmd) + "\n")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.run_timeout)
+    if p.returncode != 0:
+        log(f"  gpu-sim: FAILED: {p.stderr[-600:]}")
+        return []
+    j = json.loads(p.stdout)
+    json.dump(j, open(os.path.join(out, "simulate.json"), "w"), indent=1)
+    rows = []
+    for r in j["results"]:
+        name = r["balancer"].replace(":", "/")
+        if name == "static:" or name.startswith("static"):
+            name = "static"
+        rows.append({"scenario": "gpu-sim", "balancer": name, "mean_iteration_s": r["mean_iteration_s"],
+                     "wait_fraction": r["wait_fraction"], "efficiency_vs_oracle": r["efficiency_vs_oracle"],
+                     "speedup_vs_bsp": r["speedup_vs_bsp"], "time_to_target_s": None, "test_accuracy": None,
+                     "n": 1, "iter_min": r["mean_iteration_s"], "iter_max": r["mean_iteration_s"]})
+    return rows
+
+
+def name_of(s):
+    return s["balancer"] + (f"/{s['predictor']}" if s.get("balancer") == "lbbsp-cpu" else "")
+
+
+def aggregate(scenario, runs_by_balancer):
+    """runs_by_balancer: name -> [summary, ...] (repeats). Returns table rows with derived columns."""
+    rows = []
+    for name, runs in runs_by_balancer.items():
+        runs = [r for r in runs if r]
+        if not runs:
+            continue
+        it = [r["mean_iteration_s"] for r in runs]
+        tta = [r.get("time_to_target_s") for r in runs]
+        reached = [t for t in tta if t is not None and t >= 0]
+        rows.append({"scenario": scenario, "balancer": name, "mean_iteration_s": float(np.mean(it)),
+                     "iter_min": min(it), "iter_max": max(it), "n": len(runs),
+                     "wait_fraction": float(np.mean([r["wait_fraction"] for r in runs])),
+                     "overhead_fraction": float(np.mean([r.get("balancer_overhead_fraction", 0) for r in runs])),
+                     "time_to_target_s": float(np.mean(reached)) if len(reached) == len(runs) else None,
+                     "target_accuracy": runs[0].get("target_accuracy"),
+                     "test_accuracy": float(np.mean([r["test_accuracy"] for r in runs])),
+                     "run_dir": runs[-1].get("run_dir")})
+    base = {r["balancer"]: r["mean_iteration_s"] for r in rows}
+    for r in rows:
+        r["efficiency_vs_oracle"] = base["oracle"] / r["mean_iteration_s"] if "oracle" in base else None
+        r["speedup_vs_bsp"] = base["bsp"] / r["mean_iteration_s"] if "bsp" in base else None
+    return rows
+
+
+def fmt(v, spec, suffix=""):
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:{spec}}{suffix}"
+
+
+def write_tables(a, cfg, rows, scen_specs, commands):
+    cols = ["scenario", "balancer", "n", "mean_iteration_s", "iter_min", "iter_max", "wait_fraction",
+            "efficiency_vs_oracle", "speedup_vs_bsp", "time_to_target_s", "test_accuracy"]
+    with open(os.path.join(a.out, "results.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        for r in rows:
+            w.writerow(["" if r.get(c) is None else r.get(c) for c in cols])
+    lines = [f"# LB-BSP experiment ({cfg['mode']} mode, {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC)", "",
+             f"{cfg['ranks']} ranks under mpirun on {os.cpu_count()} cores (oversubscribed), MLP 784-256-128-10 on "
+             f"Fashion-MNIST, global batch {cfg['global_batch']}, lr {cfg['lr']} momentum 0.9, "
+             f"{cfg['iterations']} iterations ({cfg['gpu_iterations']} for gpu-emu), --lag {a.lag}, "
+             f"evaluation every {cfg['eval_every']} iterations on {cfg['test_subset']} test samples; "
+             f"time to target = training time to the first evaluation at >= {cfg['target']} test accuracy. "
+             f"{cfg['repeats']} repeat(s) per cell (mean; min-max of the mean iteration time in brackets).", "",
+             "Scenarios:", ""]
+    for k, v in scen_specs.items():
+        lines.append(f"- **{k}**: `{v}`")
+    lines += ["", "| scenario | balancer | mean iteration | wait fraction | efficiency vs oracle | speed-up vs BSP | "
+              "time to target | final test acc. |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        rng = f" [{r['iter_min']*1000:.1f}-{r['iter_max']*1000:.1f}]" if r.get("n", 1) > 1 else ""
+        tta = fmt(r.get("time_to_target_s"), ".1f", " s")
+        if r["scenario"] != "gpu-sim" and r.get("time_to_target_s") is None:
+            tta = "not reached"
+        lines.append(f"| {r['scenario']} | {r['balancer']} | {r['mean_iteration_s']*1000:.1f} ms{rng} | "
+                     f"{fmt(r.get('wait_fraction') and 100*r['wait_fraction'], '.1f', '%')} | "
+                     f"{fmt(r.get('efficiency_vs_oracle'), '.3f')} | {fmt(r.get('speedup_vs_bsp'), '.2f', 'x')} | "
+                     f"{tta} | {fmt(r.get('test_accuracy'), '.4f')} |")
+    lines += ["", "gpu-sim rows: `lbbsp simulate --profile gpu` (simulated seconds; no training, so no accuracy).",
+              "pytorch-ddp: scripts/peers/pytorch_ddp.py, equal split (DDP cannot rebalance), same sleep-by-capacity "
+              "emulation; its efficiency/speed-up columns compare against lbbsp's oracle/BSP rows.", "",
+              "## Commands", "", "```"] + commands + ["```", "", "Plots: " + ", ".join(
+                  sorted(f for f in os.listdir(a.out) if f.endswith(".png")))]
+    open(os.path.join(a.out, "results.md"), "w").write("\n".join(lines) + "\n")
+
+
+def telemetry(run_dir):
+    with h5py.File(os.path.join(run_dir, "telemetry.h5"), "r") as f:
+        g = f["records"]
+        return {k: g[k][:] for k in g.keys()}
+
+
+def per_iteration_time(r):
+    """Iteration time from rank 0's rows: compute + wait + allreduce + balancer."""
+    m = r["rank"] == 0
+    return r["iteration"][m], (r["compute_s"] + r["wait_s"] + r["allreduce_s"] + r["balancer_s"])[m]
+
+
+def smooth(y, w=10):
+    if len(y) < w:
+        return y
+    return np.convolve(y, np.ones(w) / w, mode="valid")
+
+
+def plots(a, scenario, runs_by_balancer):
+    dirs = {n: rs[-1]["run_dir"] for n, rs in runs_by_balancer.items()
+            if rs and rs[-1] and os.path.exists(os.path.join(rs[-1]["run_dir"], "telemetry.h5"))}
+    tel = {n: telemetry(d) for n, d in dirs.items()}
+    if not tel:
+        return
+    # per-rank batch size over time
+    names = list(tel)
+    fig, axes = plt.subplots(len(names), 1, figsize=(9, 1.8 * len(names) + 0.6), sharex=True, squeeze=False)
+    for ax, n in zip(axes[:, 0], names):
+        r = tel[n]
+        for k in sorted(set(r["rank"].tolist())):
+            m = r["rank"] == k
+            ax.plot(r["iteration"][m], r["batch"][m], lw=0.8, label=f"rank {k}")
+        ax.set_ylabel("batch")
+        ax.set_title(n, fontsize=9, loc="left")
+    axes[0, 0].legend(ncol=4, fontsize=7)
+    axes[-1, 0].set_xlabel("iteration")
+    fig.suptitle(f"Per-rank batch size · {scenario}")
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, f"batch_sizes_{scenario}.png"), dpi=100)
+    plt.close(fig)
+    # iteration time over time per balancer
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for n in names:
+        it, t = per_iteration_time(tel[n])
+        s = smooth(t)
+        ax.plot(it[len(it) - len(s):], s * 1000, lw=1, label=n)
+    ax.set(xlabel="iteration", ylabel="ms (moving mean of 10)", title=f"Iteration time · {scenario}")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, f"iteration_time_{scenario}.png"), dpi=100)
+    plt.close(fig)
+    # predicted vs actual speed for the predictor-based balancers
+    preds = [n for n in names if n.startswith("lbbsp") and np.any(tel[n]["predicted_speed"] > 0)]
+    if preds:
+        fig, axes = plt.subplots(len(preds), 1, figsize=(9, 2.2 * len(preds) + 0.6), sharex=True, squeeze=False)
+        for ax, n in zip(axes[:, 0], preds):
+            r = tel[n]
+            for k in sorted(set(r["rank"].tolist())):
+                m = r["rank"] == k
+                line = ax.plot(r["iteration"][m], r["actual_speed"][m], lw=0.8, label=f"rank {k} actual")
+                ax.plot(r["iteration"][m], r["predicted_speed"][m], "--", lw=0.8, color=line[0].get_color(),
+                        label=f"rank {k} predicted")
+            ax.set_ylabel("samples/s")
+            ax.set_title(n, fontsize=9, loc="left")
+        axes[0, 0].legend(ncol=4, fontsize=6)
+        axes[-1, 0].set_xlabel("iteration")
+        fig.suptitle(f"Predicted vs actual speed · {scenario}")
+        fig.tight_layout()
+        fig.savefig(os.path.join(a.out, f"speed_{scenario}.png"), dpi=100)
+        plt.close(fig)
+    # time-to-accuracy curves
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for n, rs in runs_by_balancer.items():
+        if rs and rs[-1] and rs[-1].get("accuracy_curve"):
+            c = rs[-1]["accuracy_curve"]
+            ax.plot([p["train_time_s"] for p in c], [p["test_accuracy"] for p in c], "-o", ms=2, lw=1, label=n)
+    tgt = next((rs[-1].get("target_accuracy") for rs in runs_by_balancer.values() if rs and rs[-1]), None)
+    if tgt:
+        ax.axhline(tgt, color="k", lw=0.6, ls=":")
+    ax.set(xlabel="training time (s)", ylabel="test accuracy", title=f"Time to accuracy · {scenario}")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, f"accuracy_{scenario}.png"), dpi=100)
+    plt.close(fig)
+
+
+def summary_plot(a, rows):
+    scen = sorted(set(r["scenario"] for r in rows), key=[r["scenario"] for r in rows].index)
+    fig, axes = plt.subplots(1, len(scen), figsize=(4 * len(scen), 4), squeeze=False)
+    for ax, s in zip(axes[0], scen):
+        rs = [r for r in rows if r["scenario"] == s and r.get("speedup_vs_bsp")]
+        ax.barh([r["balancer"] for r in rs], [r["speedup_vs_bsp"] for r in rs])
+        ax.axvline(1, color="k", lw=0.6)
+        ax.set(title=s, xlabel="speed-up vs BSP")
+        ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, "speedup.png"), dpi=100)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lbbsp", default=os.path.join(ROOT, "build", "lbbsp"))
+    ap.add_argument("--data", default=os.path.join(ROOT, "data", "fmnist.h5"))
+    ap.add_argument("--out", default=None)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_true", help="fewer balancers and iterations (~3-5 min)")
+    g.add_argument("--smoke", action="store_true", help="tiny run on synthetic data (< 60 s), for the test")
+    ap.add_argument("--full", action="store_true", help="also the CNN (to 0.89) on the static scenario (slow)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--iterations", type=int, default=0)
+    ap.add_argument("--global-batch", type=int, default=512)
+    ap.add_argument("--cnn-global-batch", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--lag", type=int, default=0)
+    ap.add_argument("--min-batch", type=int, default=None)
+    ap.add_argument("--trace-scale", type=float, default=0.5)
+    ap.add_argument("--scenarios", default=None, help="comma list of static,trace,stress,gpu-emu,gpu-sim")
+    ap.add_argument("--balancers", default=None, help="comma list, e.g. bsp,lbbsp-cpu/narx,oracle")
+    ap.add_argument("--torch-python", default="/usr/bin/python3")
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--run-timeout", type=float, default=900)
+    a = ap.parse_args()
+    a.out = a.out or os.path.join(ROOT, "results", f"experiment-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+    a.lbbsp = os.path.abspath(a.lbbsp)
+    if not os.access(a.lbbsp, os.X_OK):
+        sys.exit(f"experiment.py: no lbbsp binary at '{a.lbbsp}' (build it, or pass --lbbsp PATH)")
+    os.makedirs(a.out, exist_ok=True)
+    cfg = mode_config(a)
+    cfg["mode"] = "smoke" if a.smoke else "quick" if a.quick else "default"
+    if a.smoke and not os.path.exists(a.data):
+        a.data = os.path.join(a.out, "synth.h5")
+    if a.smoke and not a.data.endswith("synth.h5") and not os.path.exists(a.data):
+        pass
+    a.data = os.path.abspath(a.data)
+    if a.smoke and not os.path.exists(a.data):
+        subprocess.run([a.lbbsp, "data", "synth", "--samples", "6000", "--features", "784", "--classes", "10",
+                        "--seed", "1", "--out", a.data], check=True, capture_output=True)
+    if not os.path.exists(a.data):
+        sys.exit(f"experiment.py: no dataset at '{a.data}' (lbbsp data import-fashion-mnist --out {a.data})")
+    peer_ok = (not a.no_peer and cfg["peer"] and subprocess.run(
+        [a.torch_python, "-c", "import torch, torch.distributed"], capture_output=True).returncode == 0)
+    if cfg["peer"] and not a.no_peer and not peer_ok:
+        log(f"experiment.py: no torch for {a.torch_python}; skipping the pytorch-ddp peer")
+
+    t0 = time.time()
+    runs = {s: {b: [] for b in v["balancers"]} for s, v in cfg["scenarios"].items()}
+    if peer_ok and "static" in runs:
+        runs["static"]["pytorch-ddp"] = []
+    commands = []
+    for rep in range(cfg["repeats"]):
+        for scenario, v in cfg["scenarios"].items():
+            iters = cfg["gpu_iterations"] if scenario == "gpu-emu" else cfg["iterations"]
+            target = None if scenario == "gpu-emu" else cfg["target"]
+            for b in v["balancers"]:
+                s = run_train(a, cfg, scenario, "mlp", v["straggle"], b, rep, iters, target)
+                runs[scenario][b].append(s)
+                if s:
+                    log(f"[{time.time() - t0:6.0f} s] {scenario:8s} {b:16s} iter {s['mean_iteration_s']*1000:7.1f} ms"
+                        f"  wait {100*s['wait_fraction']:5.1f}%  tta {s.get('time_to_target_s')}"
+                        f"  acc {s['test_accuracy']:.4f}")
+                if rep == 0:
+                    commands.append(open(os.path.join(a.out, "runs", scenario, f"{b.replace('/', '_')}-r0",
+                                                      "command.txt")).read().strip())
+            if scenario == "static" and peer_ok:
+                s = run_peer(a, cfg, scenario, v["straggle"], rep, iters, target)
+                runs[scenario]["pytorch-ddp"].append(s)
+                if s:
+                    log(f"[{time.time() - t0:6.0f} s] {scenario:8s} pytorch-ddp      iter "
+                        f"{s['mean_iteration_s']*1000:7.1f} ms  tta {s.get('time_to_target_s')}")
+                if rep == 0:
+                    commands.append(open(os.path.join(a.out, "runs", scenario, "pytorch-ddp-r0",
+                                                      "command.txt")).read().strip())
+    if cfg.get("cnn") and "static" in cfg["scenarios"]:
+        cfg_cnn = dict(cfg, target=0.89)
+        runs["static-cnn"] = {}
+        for b in ["bsp", "lbbsp-cpu/narx", "oracle"]:
+            s = run_train(a, cfg_cnn, "static-cnn", "cnn", cfg["scenarios"]["static"]["straggle"], b, 0,
+                          a.iterations or 1500, 0.89)
+            runs["static-cnn"][b] = [s]
+            if s:
+                log(f"[{time.time() - t0:6.0f} s] static-cnn {b:16s} iter {s['mean_iteration_s']*1000:7.1f} ms"
+                    f"  tta {s.get('time_to_target_s')}")
+    rows = []
+    for scenario, rb in runs.items():
+        rows += aggregate(scenario, rb)
+        plots(a, scenario, rb)
+    scen_specs = {k: v["straggle"] for k, v in cfg["scenarios"].items()}
+    if cfg["sim"]:
+        rows += run_sim(a, cfg)
+        commands.append(open(os.path.join(a.out, "runs", "gpu-sim", "command.txt")).read().strip())
+        scen_specs["gpu-sim"] = "lbbsp simulate --profile gpu, 32 workers, Alibaba traces"
+    if rows:
+        summary_plot(a, rows)
+    write_tables(a, cfg, rows, scen_specs, commands)
+    log(open(os.path.join(a.out, "results.md")).read())
+    log(f"experiment.py: {len(rows)} rows in {time.time() - t0:.0f} s; results in {a.out}")
+
+
+if __name__ == "__main__":
+    main()
