@@ -107,7 +107,8 @@ fi
 # ---- 4. time vs batch per model ----
 if step bench_gpu 150 bash -c "'$build/bench/bench_gpu' --max-batch 4096 --min-seconds 0.1 >'$out/bench_gpu.csv'"; then
   log "bench_gpu.csv: $(($(wc -l <"$out/bench_gpu.csv") - 1)) rows"
-  column -s, -t <"$out/bench_gpu.csv" | tee -a "$out/summary.txt" >/dev/null
+  if command -v column >/dev/null; then column -s, -t <"$out/bench_gpu.csv"; else cat "$out/bench_gpu.csv"; fi \
+    >>"$out/summary.txt"
 fi
 
 # ---- 5. 2-rank training on the GPU with a static straggler ----
