@@ -60,28 +60,37 @@ def log(*a):
 def mode_config(a):
     """Parameters of each mode: which scenarios, balancers, iterations."""
     alibaba = os.path.join(TRACES, "alibaba_v2018_machine_usage")
-    trace_spec = f"trace:{alibaba};scale={a.trace_scale};seed=7"
+    # Linear cost: a rank's compute is stretched to SLOPE s/sample x batch / capacity (never below its real time),
+    # so 4 ranks sharing 2 loaded cores still see the emulated speeds rather than CPU contention.
+    lin = f";gpu=0:0:{a.slope}:1000000" if a.slope > 0 else ""
+    trace_spec = f"trace:{alibaba};scale={a.trace_scale};seed=7{lin}"
     scen = {
-        "static": {"straggle": "static:1,1,0.5,0.25", "balancers": ALL_CPU},
+        "static": {"straggle": f"static:1,1,0.5,0.25{lin}", "balancers": ALL_CPU},
         "trace": {"straggle": trace_spec, "balancers": ALL_CPU},
-        "stress": {"straggle": "stress:1=80,3=50;period=2", "balancers": ALL_CPU},
+        "stress": {"straggle": "stress:1=80,3=50;period=2",
+                   "balancers": ["bsp", "static", "lbbsp-cpu/narx", "lbbsp-cpu/ema", "oracle"]},
         "gpu-emu": {"straggle": f"static:1,1,0.5,0.25;{GPU_EMU}",
                     "balancers": ["bsp", "lbbsp-cpu/narx", "lbbsp-gpu", "lbbsp-gpu-model", "oracle"]},
+        "static-sleep": {"straggle": "static:1,1,0.5,0.25", "balancers": ["bsp", "lbbsp-cpu/narx", "oracle"]},
     }
-    cfg = dict(model="mlp", ranks=4, global_batch=a.global_batch, lr=a.lr, target=0.87, eval_every=100,
-               test_subset=5000, iterations=a.iterations or 1200, gpu_iterations=400, sim=True, peer=True,
+    cfg = dict(model="mlp", ranks=4, global_batch=a.global_batch, lr=a.lr, target=0.85, eval_every=50,
+               test_subset=5000, iterations=a.iterations or 300, gpu_iterations=150, sim=True, peer=True,
                scenarios=scen, repeats=a.repeats)
     if a.quick:
-        cfg.update(iterations=a.iterations or 500, gpu_iterations=150, eval_every=100, test_subset=2000, target=0.85)
-        quick = ["bsp", "static", "lbbsp-cpu/narx", "lbbsp-cpu/ema", "oracle"]
-        for k in ("static", "trace", "stress"):
+        cfg.update(iterations=a.iterations or 150, gpu_iterations=80, eval_every=50, test_subset=2000)
+        quick = ["bsp", "lbbsp-cpu/narx", "lbbsp-cpu/ema", "oracle"]
+        for k in ("static", "trace"):
             scen[k]["balancers"] = quick
+        scen["stress"]["balancers"] = ["bsp", "lbbsp-cpu/narx", "oracle"]
         scen["gpu-emu"]["balancers"] = ["bsp", "lbbsp-gpu", "lbbsp-gpu-model", "oracle"]
+        del scen["static-sleep"]
     if a.smoke:
         cfg.update(iterations=a.iterations or 40, gpu_iterations=0, eval_every=20, test_subset=500, target=0.3,
-                   sim=False, peer=False, lr=0.05)
-        cfg["scenarios"] = {"static": {"straggle": "static:1,1,0.5,0.25",
+                   sim=False, peer=False, lr=0.05, global_batch=256)
+        cfg["scenarios"] = {"static": {"straggle": f"static:1,1,0.5,0.25{lin}",
                                        "balancers": ["bsp", "lbbsp-cpu/last", "oracle"]}}
+    if a.target is not None:
+        cfg["target"] = a.target
     if a.full:
         cfg["cnn"] = True
     if a.scenarios:
@@ -153,7 +162,7 @@ def run_peer(a, cfg, scenario, straggle, rep, iterations, target):
            "--ranks", str(cfg["ranks"]), "--global-batch", str(cfg["global_batch"]), "--lr", str(cfg["lr"]),
            "--momentum", "0.9", "--max-iterations", str(iterations), "--seed", "1", "--straggle", factors,
            "--eval-every", str(cfg["eval_every"]), "--test-subset", str(cfg["test_subset"]),
-           "--summary-json", os.path.join(run_dir, "summary.json")]
+           "--cost-slope", str(a.slope), "--summary-json", os.path.join(run_dir, "summary.json")]
     if target:
         cmd += ["--target-accuracy", str(target)]
     with open(os.path.join(run_dir, "command.txt"), "w") as f:
@@ -373,7 +382,8 @@ def summary_plot(a, rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lbbsp", default=os.path.join(ROOT, "build", "lbbsp"))
-    ap.add_argument("--data", default=os.path.join(ROOT, "data", "fmnist.h5"))
+    ap.add_argument("--data", default=None, help="HDF5 dataset (default data/fmnist.h5; --smoke: synthetic)")
+    ap.add_argument("--target", type=float, default=None, help="target test accuracy (default 0.85; smoke 0.3)")
     ap.add_argument("--out", default=None)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--quick", action="store_true", help="fewer balancers and iterations (~3-5 min)")
@@ -382,11 +392,13 @@ def main():
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--iterations", type=int, default=0)
     ap.add_argument("--global-batch", type=int, default=512)
+    ap.add_argument("--slope", type=float, default=0.0003,
+                    help="linear emulated cost, s/sample at capacity 1, for static/trace (0: pure sleep-by-capacity)")
     ap.add_argument("--cnn-global-batch", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--lr", type=float, default=0.2)
     ap.add_argument("--lag", type=int, default=0)
     ap.add_argument("--min-batch", type=int, default=None)
-    ap.add_argument("--trace-scale", type=float, default=0.5)
+    ap.add_argument("--trace-scale", type=float, default=2.0)
     ap.add_argument("--scenarios", default=None, help="comma list of static,trace,stress,gpu-emu,gpu-sim")
     ap.add_argument("--balancers", default=None, help="comma list, e.g. bsp,lbbsp-cpu/narx,oracle")
     ap.add_argument("--torch-python", default="/usr/bin/python3")
@@ -400,10 +412,8 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     cfg = mode_config(a)
     cfg["mode"] = "smoke" if a.smoke else "quick" if a.quick else "default"
-    if a.smoke and not os.path.exists(a.data):
-        a.data = os.path.join(a.out, "synth.h5")
-    if a.smoke and not a.data.endswith("synth.h5") and not os.path.exists(a.data):
-        pass
+    if a.data is None:
+        a.data = os.path.join(a.out, "synth.h5") if a.smoke else os.path.join(ROOT, "data", "fmnist.h5")
     a.data = os.path.abspath(a.data)
     if a.smoke and not os.path.exists(a.data):
         subprocess.run([a.lbbsp, "data", "synth", "--samples", "6000", "--features", "784", "--classes", "10",
@@ -422,8 +432,8 @@ def main():
     commands = []
     for rep in range(cfg["repeats"]):
         for scenario, v in cfg["scenarios"].items():
-            iters = cfg["gpu_iterations"] if scenario == "gpu-emu" else cfg["iterations"]
-            target = None if scenario == "gpu-emu" else cfg["target"]
+            iters = cfg["gpu_iterations"] if scenario in ("gpu-emu", "static-sleep") else cfg["iterations"]
+            target = None if scenario in ("gpu-emu", "static-sleep") else cfg["target"]
             for b in v["balancers"]:
                 s = run_train(a, cfg, scenario, "mlp", v["straggle"], b, rep, iters, target)
                 runs[scenario][b].append(s)

@@ -2,7 +2,8 @@
 """PyTorch DDP peer of `lbbsp train` with the bsp balancer: the same MLP (784-256-128-10 ReLU) or CNN, the same
 data order (lbbsp's epoch permutation: splitmix64 Fisher-Yates, ported from runtime/trainer.cpp), the same global
 batch cut into equal slices (DDP cannot rebalance), SGD with momentum, and the same static straggler emulation: a
-rank at capacity c stretches its compute (forward + backward) to compute / c by sleeping the difference before its
+rank at capacity c stretches its compute (forward + backward) to compute / c (or, with --cost-slope S, to
+S x batch / c, lbbsp's linear cost gpu=0:0:S:CAP) by sleeping the difference before its
 gradients enter the allreduce (a DDP communication hook sleeps, then runs the default allreduce).
 
 Ranks are torch.multiprocessing processes on localhost with the gloo backend, one thread each.
@@ -70,8 +71,9 @@ def load(path, split, limit=0):
 class Stretch:
     """Sleeps in the first bucket's hook of an iteration until compute / capacity has passed."""
 
-    def __init__(self, capacity):
+    def __init__(self, capacity, slope=0.0, batch=0):
         self.capacity = capacity
+        self.floor = slope * batch / capacity  # linear emulated cost (lbbsp's gpu=0:0:SLOPE:CAP), 0 if unused
         self.t_start = 0.0
         self.done = False
         self.compute_s = 0.0
@@ -84,7 +86,7 @@ class Stretch:
         if not self.done:
             self.done = True
             real = time.perf_counter() - self.t_start
-            target = real / self.capacity
+            target = max(real, self.floor) if self.floor > 0 else real / self.capacity
             if target > real:
                 time.sleep(target - real)
             self.compute_s = time.perf_counter() - self.t_start
@@ -109,17 +111,17 @@ def worker(rank, a, port, caps):
         xte, yte = torch.from_numpy(xte), torch.from_numpy(yte)
     dim = int(np.prod(shape))
     model = make_model(a.model, dim, classes)
-    stretch = Stretch(caps[rank % len(caps)])
+    n, X, R = xtr.shape[0], a.global_batch, a.ranks
+    # Equal split as lbbsp's bsp: X // R each, the remainder to the first ranks.
+    sizes = [X // R + (1 if r < X % R else 0) for r in range(R)]
+    stretch = Stretch(caps[rank % len(caps)], a.cost_slope, sizes[rank])
     ddp = DDP(model, bucket_cap_mb=64)
     ddp.register_comm_hook(dist.group.WORLD, stretch.hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay)
-    n, X, R = xtr.shape[0], a.global_batch, a.ranks
     per_epoch = n // X
     total = per_epoch * a.epochs
     if a.max_iterations:
         total = min(total, a.max_iterations)
-    # Equal split as lbbsp's bsp: X // R each, the remainder to the first ranks.
-    sizes = [X // R + (1 if r < X % R else 0) for r in range(R)]
     offset = sum(sizes[:rank])
     curve, train_time, time_to_target, compute_sum, last_loss = [], 0.0, None, 0.0, float("nan")
     perm = None
@@ -187,6 +189,9 @@ def main():
     ap.add_argument("--max-iterations", type=int, default=0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--straggle", default="1", help="capacity factor per rank, cycled, e.g. 1,1,0.5,0.25")
+    ap.add_argument("--cost-slope", type=float, default=0.0,
+                    help="linear emulated cost: stretch compute to SLOPE s/sample x batch / capacity (as lbbsp's "
+                         "gpu=0:0:SLOPE:CAP); 0: compute / capacity")
     ap.add_argument("--train-subset", type=int, default=0)
     ap.add_argument("--test-subset", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=0)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# scripts/experiment.py --smoke: 3 balancers, static stragglers, a few iterations on synthetic data; checks that
+# results.md, results.csv and the PNG plots are written and the numbers are sane.
+source "$(dirname "$0")/common.sh"
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PY=/usr/bin/python3
+[[ -x $PY ]] || PY=python3
+$PY -c "import numpy, h5py, matplotlib" 2>/dev/null || { echo "SKIP: needs numpy, h5py, matplotlib for $PY"; exit 0; }
+
+"$LBBSP" data synth --samples 6000 --features 784 --classes 10 --seed 1 --out "$SCRATCH/synth.h5" >/dev/null
+timeout 170 $PY "$ROOT/scripts/experiment.py" --smoke --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
+  --out "$SCRATCH/out" >"$SCRATCH/log.txt" 2>&1 || { cat "$SCRATCH/log.txt"; fail "experiment.py --smoke failed"; }
+
+for f in results.md results.csv batch_sizes_static.png iteration_time_static.png speed_static.png \
+  accuracy_static.png speedup.png; do
+  [[ -s $SCRATCH/out/$f ]] || fail "missing $f in $SCRATCH/out"
+done
+grep -q "| static | oracle |" "$SCRATCH/out/results.md" || fail "no oracle row in results.md"
+
+$PY - "$SCRATCH/out/results.csv" <<'PY'
+import csv, sys
+rows = {r["balancer"]: r for r in csv.DictReader(open(sys.argv[1]))}
+assert set(rows) == {"bsp", "lbbsp-cpu/last", "oracle"}, rows.keys()
+f = lambda b, k: float(rows[b][k])
+assert abs(f("oracle", "efficiency_vs_oracle") - 1) < 1e-9, rows["oracle"]
+assert abs(f("bsp", "speedup_vs_bsp") - 1) < 1e-9, rows["bsp"]
+for b in rows:
+    assert 0 < f(b, "mean_iteration_s") < 5, rows[b]
+    assert 0 <= f(b, "wait_fraction") < 1, rows[b]
+    assert 0 <= f(b, "test_accuracy") <= 1, rows[b]
+# static heterogeneity 1,1,0.5,0.25: BSP's ranks wait for the slowest; the balancers cut that.
+assert f("bsp", "wait_fraction") > f("lbbsp-cpu/last", "wait_fraction"), (rows["bsp"], rows["lbbsp-cpu/last"])
+assert f("bsp", "wait_fraction") > f("oracle", "wait_fraction"), (rows["bsp"], rows["oracle"])
+assert f("oracle", "speedup_vs_bsp") > 1.2, rows["oracle"]
+print("ok: smoke experiment numbers are sane")
+PY
