@@ -32,6 +32,7 @@ if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_
 
 for balancer in bsp lbbsp-cpu; do
   echo "== $balancer: $ranks ranks, MLP, straggle $straggle"
+  mkdir -p "$out/$balancer"
   mpirun -n "$ranks" --oversubscribe --bind-to none build/lbbsp train --data data/fashion-mnist.h5 --model mlp \
     --global-batch 256 --lr 0.1 --momentum 0.9 --epochs 10 --max-iterations "$iterations" --seed 1 \
     --balancer "$balancer" --predictor narx --straggle "$straggle" --eval-every 200 --test-subset 5000 \
