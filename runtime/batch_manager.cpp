@@ -3,6 +3,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace lbbsp::runtime {
 
@@ -44,7 +45,7 @@ std::vector<int64_t> BatchSizeManager::decide(const balancer::IterationReport& r
 }
 
 void BatchSizeManager::decide_async(balancer::IterationReport report) {
-  if (pending_.valid()) throw std::logic_error("BatchSizeManager: a decision is already in flight");
+  if (pending()) throw std::logic_error("BatchSizeManager: a decision is already in flight");
   pending_ = std::async(std::launch::async, [this, r = std::move(report)] {
     auto b = balancer_->next(r);
     pending_predicted_ = balancer_->predicted_speeds();
@@ -52,7 +53,22 @@ void BatchSizeManager::decide_async(balancer::IterationReport report) {
   });
 }
 
+std::vector<int64_t> BatchSizeManager::settle() {
+  if (pending_.valid()) {
+    ready_ = pending_.get();
+    check(ready_);
+    predicted_ = pending_predicted_;
+  }
+  return ready_;
+}
+
+void BatchSizeManager::restore_pending(const std::vector<int64_t>& b) {
+  check(b);
+  ready_ = b;
+}
+
 std::vector<int64_t> BatchSizeManager::collect() {
+  if (!ready_.empty()) return std::exchange(ready_, {});
   auto b = pending_.get();
   check(b);
   predicted_ = pending_predicted_;

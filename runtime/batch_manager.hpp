@@ -19,8 +19,12 @@ class BatchSizeManager {
   std::vector<int64_t> decide(const balancer::IterationReport& report);
   // lag 1: starts deciding in the background; collect() returns the result (blocking if not ready yet).
   void decide_async(balancer::IterationReport report);
-  bool pending() const { return pending_.valid(); }
+  bool pending() const { return pending_.valid() || !ready_.empty(); }
   std::vector<int64_t> collect();
+  // Checkpoints: waits for the decision in flight (so the balancer state is settled) and returns it;
+  // collect() then returns it again. restore_pending() puts a checkpoint's pending decision back.
+  std::vector<int64_t> settle();
+  void restore_pending(const std::vector<int64_t>& b);
   // Speeds the balancer predicted in its last decision (per worker; empty when it has none).
   std::vector<double> predicted_speeds() const { return predicted_; }
   balancer::Balancer& balancer() { return *balancer_; }
@@ -34,6 +38,7 @@ class BatchSizeManager {
   std::future<std::vector<int64_t>> pending_;
   std::vector<double> predicted_;
   std::vector<double> pending_predicted_;
+  std::vector<int64_t> ready_;  // a settled decision not collected yet
 };
 
 }  // namespace lbbsp::runtime

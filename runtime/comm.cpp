@@ -52,6 +52,9 @@ std::vector<int64_t> Comm::allgather(int64_t value) {
 void Comm::bcast(int64_t* buf, size_t n, int root) {
   LBBSP_MPI_CHECK(MPI_Bcast(buf, static_cast<int>(n), MPI_INT64_T, root, MPI_COMM_WORLD));
 }
+void Comm::bcast(float* buf, size_t n, int root) {
+  LBBSP_MPI_CHECK(MPI_Bcast(buf, static_cast<int>(n), MPI_FLOAT, root, MPI_COMM_WORLD));
+}
 void Comm::bcast(std::string* s, int root) {
   int64_t n = static_cast<int64_t>(s->size());
   bcast(&n, 1, root);

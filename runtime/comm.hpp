@@ -24,6 +24,7 @@ class Comm {
   void allreduce_min_max(double* min_inout, double* max_inout);
   std::vector<int64_t> allgather(int64_t value);
   void bcast(int64_t* buf, size_t n, int root = 0);
+  void bcast(float* buf, size_t n, int root = 0);
   void bcast(std::string* s, int root = 0);
   void barrier();
   double wtime() const;

@@ -39,7 +39,9 @@ void add_train_command(CLI::App& app) {
   t->add_option("--warmup-iterations", c.warmup_iterations, "Linear learning-rate warm-up")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  t->add_option("--seed", c.seed, "Seed (initialisation, data order, emulation)")->capture_default_str();
+  t->add_option("--seed", c.seed, "Seed (initialisation, data order, emulation)")
+      ->check(CLI::NonNegativeNumber)  // an unsigned option would silently wrap "-1"
+      ->capture_default_str();
   t->add_option("--threads", c.threads, "Kernel threads per rank")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -85,6 +87,17 @@ void add_train_command(CLI::App& app) {
   t->add_option("--progress-every", c.progress_every, "Progress line every N iterations")
       ->check(CLI::NonNegativeNumber);
   t->add_flag("--quiet", c.quiet, "Print nothing but errors");
+  t->add_option(
+      "--checkpoint-dir", c.checkpoint_dir,
+      "Write checkpoints (ckpt-<iteration>.h5) here, and at the end of the run; --resume reads them");
+  t->add_option("--checkpoint-every", c.checkpoint_every, "Checkpoint every N iterations")
+      ->check(CLI::PositiveNumber);
+  t->add_option("--checkpoint-keep", c.checkpoint_keep, "Keep the newest K checkpoints")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  t->add_flag(
+      "--resume", c.resume,
+      "Continue from the newest valid checkpoint in --checkpoint-dir (same model, global batch, data, seed)");
 
   t->callback([] {
     int argc = 0;

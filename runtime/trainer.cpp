@@ -24,6 +24,7 @@
 #endif
 #include "models/optimizer.hpp"
 #include "runtime/batch_manager.hpp"
+#include "runtime/checkpoint.hpp"
 #include "runtime/dataset.hpp"
 #include "runtime/h5.hpp"
 #include "runtime/monitor.hpp"
@@ -170,6 +171,14 @@ bool stdout_is_tty() {
   return isatty(STDOUT_FILENO) == 1;
 }
 
+// JSON has no NaN: the checkpointed statistics store it as null.
+nlohmann::json num(double v) {
+  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+}
+double num(const nlohmann::json& j) {
+  return j.is_null() ? NAN : j.get<double>();
+}
+
 std::string format_eta(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   char buf[32];
@@ -212,6 +221,18 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   if (cfg.lag != 0 && cfg.lag != 1) throw std::invalid_argument("--lag must be 0 or 1");
   if (cfg.bind != "none" && cfg.bind != "core") throw std::invalid_argument("--bind must be core or none");
   if (!(cfg.lr > 0) || !std::isfinite(cfg.lr)) throw std::invalid_argument("--lr must be a positive number");
+  if (cfg.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 1");
+  if (cfg.checkpoint_keep < 1) throw std::invalid_argument("--checkpoint-keep must be >= 1");
+  if ((cfg.resume || cfg.checkpoint_every > 0) && cfg.checkpoint_dir.empty())
+    throw std::invalid_argument(std::string(cfg.resume ? "--resume" : "--checkpoint-every") +
+                                " needs --checkpoint-dir DIR");
+  if (root && !cfg.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.checkpoint_dir, ec);
+    if (!std::filesystem::is_directory(cfg.checkpoint_dir))
+      throw std::invalid_argument("--checkpoint-dir: cannot create folder '" + cfg.checkpoint_dir + "'" +
+                                  (ec ? ": " + ec.message() : ""));
+  }
 
   // Output paths are checked before training, not discovered unwritable at the end of a long run.
   for (auto [flag, path] : {std::pair{"--summary-json", cfg.summary_json},
@@ -347,13 +368,130 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   const int64_t progress_every =
       cfg.progress_every > 0 ? cfg.progress_every : std::max<int64_t>(1, total / 20);
 
+  // Checkpoints: what must match to resume, and the state to save / restore.
+  CheckpointIdentity ckpt_id;
+  ckpt_id.model = cfg.model;
+  ckpt_id.num_params = static_cast<int64_t>(P);
+  ckpt_id.global_batch = X;
+  ckpt_id.train_samples = n_train;
+  ckpt_id.input_shape = {mc.input.channels, mc.input.height, mc.input.width};
+  ckpt_id.classes = mc.classes;
+  ckpt_id.seed = cfg.seed;
+  auto stats_json = [&] {
+    return nlohmann::json{{"train_time", train_time},
+                          {"coord_time", coord_time},
+                          {"wait_rank_time", wait_rank_time},
+                          {"last_iter_s", last_iter_s},
+                          {"epoch_loss", num(epoch_loss)},
+                          {"last_train_loss", num(last_train_loss)},
+                          {"epoch_samples", epoch_samples},
+                          {"epoch_correct", epoch_correct},
+                          {"last_test_acc", num(last_test_acc)},
+                          {"last_test_loss", num(last_test_loss)},
+                          {"time_to_target", time_to_target},
+                          {"curve", curve},
+                          {"predicted", predicted}};
+  };
+  int64_t start_it = 0;
+  if (cfg.resume) {
+    // Rank 0 reads and verifies; everybody gets the parameters, velocity, position and statistics.
+    std::string error, used, meta;
+    TrainState st;
+    if (root) {
+      try {
+        std::vector<std::string> skipped;
+        st = load_newest_checkpoint(cfg.checkpoint_dir, ckpt_id, &used, &skipped);
+        for (const auto& sk : skipped)
+          std::fprintf(stderr, "lbbsp: warning: skipping %s; using the older '%s'\n", sk.c_str(),
+                       used.c_str());
+        meta = nlohmann::json{{"iteration", st.iteration}, {"ranks", st.ranks}, {"stats", st.stats}}.dump();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    comm.bcast(&error);
+    if (!error.empty()) {
+      if (root) throw std::invalid_argument(error);
+      return comm.barrier();  // rank 0 aborts the job with the message
+    }
+    if (!root) st.params.resize(P), st.velocity.resize(P);
+    comm.bcast(st.params.data(), P);
+    comm.bcast(st.velocity.data(), P);
+    comm.bcast(&meta);
+    params = st.params;
+    sgd.velocity() = st.velocity;
+    const auto m = nlohmann::json::parse(meta);
+    start_it = m.at("iteration").get<int64_t>();
+    const auto& j = m.at("stats");
+    train_time = j.at("train_time");
+    coord_time = j.at("coord_time");
+    wait_rank_time = j.at("wait_rank_time");
+    last_iter_s = j.at("last_iter_s");
+    epoch_loss = num(j.at("epoch_loss"));
+    last_train_loss = num(j.at("last_train_loss"));
+    epoch_samples = j.at("epoch_samples");
+    epoch_correct = j.at("epoch_correct");
+    last_test_acc = num(j.at("last_test_acc"));
+    last_test_loss = num(j.at("last_test_loss"));
+    time_to_target = j.at("time_to_target");
+    curve = j.at("curve");
+    // The balancer continues where it was when the rank count, balancer and lag are the same; otherwise it
+    // starts afresh from its initial batch vector (the parameters and data position still continue).
+    const bool same_split = m.at("ranks").get<int>() == R;
+    std::string note;
+    if (root) {
+      if (same_split && st.balancer == cfg.balancer && st.lag == cfg.lag) {
+        try {
+          manager->balancer().load_state(st.balancer_state);
+          batch = st.batch;
+          manager->check(batch);
+          if (!st.pending.empty()) manager->restore_pending(st.pending);
+          auto p = j.at("predicted").get<std::vector<double>>();
+          if (static_cast<int>(p.size()) == R) predicted = p;
+        } catch (const std::exception& e) {
+          throw std::invalid_argument("--resume: checkpoint '" + used + "': balancer state: " + e.what());
+        }
+      } else {
+        note = " (balancer restarted: the checkpoint was written by " + std::to_string(st.ranks) +
+               " rank(s), balancer " + st.balancer + ", lag " + std::to_string(st.lag) + ")";
+      }
+      if (!cfg.quiet)
+        std::printf("resumed from %s at iteration %lld%s\n", used.c_str(), static_cast<long long>(start_it),
+                    note.c_str());
+      std::fflush(stdout);
+    }
+    comm.bcast(batch.data(), R);
+  }
+  auto save_checkpoint = [&](int64_t next_it) {
+    // Rank 0 only. A failed write (disk full, ...) is reported and training continues: the older checkpoints
+    // are untouched, since a new one only appears by rename after it is complete and synced.
+    TrainState st;
+    st.iteration = next_it;
+    st.ranks = R;
+    st.lag = cfg.lag;
+    st.balancer = cfg.balancer;
+    st.params = params;
+    st.velocity = sgd.velocity();
+    st.batch = batch;
+    if (cfg.lag == 1) st.pending = manager->settle();  // the decision in flight belongs to the state
+    st.balancer_state = manager->balancer().save_state();
+    st.stats = stats_json();
+    try {
+      write_checkpoint(cfg.checkpoint_dir, ckpt_id, st, cfg.checkpoint_keep);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "lbbsp: warning: checkpoint at iteration %lld not written: %s\n",
+                   static_cast<long long>(next_it), e.what());
+    }
+  };
+
   comm.barrier();
-  const auto t0 = Clock::now();
+  const auto t0 =
+      Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(train_time));
   auto last_bar = t0;
-  int64_t it = 0;
+  int64_t it = start_it;
   for (; it < total; ++it) {
     const int64_t epoch = it / per_epoch, pos = it % per_epoch;
-    if (pos == 0) perm = epoch_permutation(n_train, cfg.seed, epoch);
+    if (pos == 0 || perm.empty()) perm = epoch_permutation(n_train, cfg.seed, epoch);
     const auto t_iter = Clock::now();
     const double elapsed = seconds_since(t0);
     watchdog.beat(it, "compute");
@@ -541,6 +679,11 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
       }
     }
     if (epoch_end) epoch_loss = 0, epoch_samples = 0, epoch_correct = 0;
+    const bool ckpt_due = cfg.checkpoint_every > 0 && (it + 1) % cfg.checkpoint_every == 0;
+    if (!cfg.checkpoint_dir.empty() && (ckpt_due || it + 1 == total)) {
+      watchdog.beat(it, "checkpoint");
+      if (root) save_checkpoint(it + 1);
+    }
     const bool bar_due = tty && (seconds_since(last_bar) > 0.2 || it + 1 == total);
     if (root && !cfg.quiet && (bar_due || (!tty && (it + 1) % progress_every == 0))) {
       if (tty) last_bar = Clock::now();
@@ -584,6 +727,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   s["threads"] = cfg.threads;
   s["global_batch"] = X;
   s["iterations"] = it;
+  s["start_iteration"] = start_it;
   s["epochs"] = static_cast<double>(it) / per_epoch;
   s["wall_s"] = wall;
   s["train_time_s"] = train_time;

@@ -44,6 +44,10 @@ struct TrainConfig {
   double target_accuracy = 0;        // report training time to reach it (0: off)
   int64_t progress_every = 0;        // plain progress line every N iterations (0: about 20 per run)
   bool quiet = false;
+  std::string checkpoint_dir;    // write / resume checkpoints here
+  int64_t checkpoint_every = 0;  // iterations between checkpoints (0: only at the end of the run)
+  int checkpoint_keep = 2;       // newest checkpoints kept
+  bool resume = false;           // continue from the newest valid checkpoint in checkpoint_dir
 };
 
 // Runs the whole training on this rank. Throws on any error (the caller aborts the job with the message).

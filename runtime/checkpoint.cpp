@@ -1,0 +1,235 @@
+#include "runtime/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "runtime/h5.hpp"
+
+namespace lbbsp::runtime {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kPrefix = "ckpt-";
+constexpr const char* kSuffix = ".h5";
+
+std::string checkpoint_name(int64_t iteration) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s%012" PRId64 "%s", kPrefix, iteration, kSuffix);
+  return buf;
+}
+
+// Iteration of a ckpt-<N>.h5 name, or -1.
+int64_t iteration_of(const std::string& name) {
+  const size_t p = std::strlen(kPrefix), s = std::strlen(kSuffix);
+  if (name.size() <= p + s || name.compare(0, p, kPrefix) != 0 ||
+      name.compare(name.size() - s, s, kSuffix) != 0)
+    return -1;
+  const std::string digits = name.substr(p, name.size() - p - s);
+  if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+    return -1;
+  return std::stoll(digits);
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) throw std::runtime_error("cannot open '" + path + "' to fsync: " + std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) throw std::runtime_error("fsync of '" + path + "' failed: " + std::strerror(err));
+}
+
+std::string to_hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
+  return buf;
+}
+
+// The identity and the small fields travel as one JSON document inside the file (covered by the checksum).
+nlohmann::json meta_of(const CheckpointIdentity& id, const TrainState& st) {
+  return {{"model", id.model},
+          {"num_params", id.num_params},
+          {"global_batch", id.global_batch},
+          {"train_samples", id.train_samples},
+          {"input_shape", id.input_shape},
+          {"classes", id.classes},
+          {"seed", id.seed},
+          {"iteration", st.iteration},
+          {"ranks", st.ranks},
+          {"lag", st.lag},
+          {"balancer", st.balancer},
+          {"stats", st.stats}};
+}
+
+uint64_t checksum(const std::string& meta, const TrainState& st) {
+  uint64_t h = fnv1a64(meta.data(), meta.size());
+  h = fnv1a64(st.params.data(), st.params.size() * sizeof(float), h);
+  h = fnv1a64(st.velocity.data(), st.velocity.size() * sizeof(float), h);
+  h = fnv1a64(st.batch.data(), st.batch.size() * sizeof(int64_t), h);
+  h = fnv1a64(st.pending.data(), st.pending.size() * sizeof(int64_t), h);
+  return fnv1a64(st.balancer_state.data(), st.balancer_state.size(), h);
+}
+
+void write_bytes(hid_t loc, const std::string& name, const std::string& s) {
+  h5::write_u8(loc, name, reinterpret_cast<const uint8_t*>(s.data()), {static_cast<hsize_t>(s.size())},
+               false);
+}
+
+std::string read_bytes(hid_t loc, const std::string& name, const std::string& file) {
+  h5::Handle ds = h5::open_dataset(loc, name, file);
+  auto d = h5::dims(ds);
+  if (d.size() != 1) throw CheckpointCorrupt("dataset '" + name + "' has the wrong rank");
+  std::string s(d[0], '\0');
+  if (d[0] > 0 && H5Dread(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data()) < 0)
+    throw CheckpointCorrupt("cannot read dataset '" + name + "'");
+  return s;
+}
+
+template <class T>
+void expect_equal(const char* what, const T& have, const T& want, const std::string& path, const char* hint) {
+  if (have == want) return;
+  throw std::invalid_argument("checkpoint '" + path + "' was written for " + what + " " +
+                              nlohmann::json(have).dump() + ", this run has " + nlohmann::json(want).dump() +
+                              " (" + hint + ")");
+}
+
+}  // namespace
+
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
+  auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+std::string write_checkpoint(const std::string& dir, const CheckpointIdentity& id, const TrainState& st,
+                             int keep) {
+  h5::quiet_errors();
+  fs::create_directories(dir);
+  const std::string path = (fs::path(dir) / checkpoint_name(st.iteration)).string();
+  const std::string tmp = path + ".tmp";
+  const std::string meta = meta_of(id, st).dump();
+  try {
+    {
+      h5::Handle f = h5::create_file(tmp);
+      h5::write_f32(f, "params", st.params.data(), {st.params.size()});
+      h5::write_f32(f, "velocity", st.velocity.data(), {st.velocity.size()});
+      h5::write_i64(f, "batch", st.batch.data(), {st.batch.size()});
+      if (!st.pending.empty()) h5::write_i64(f, "pending", st.pending.data(), {st.pending.size()});
+      write_bytes(f, "balancer_state", st.balancer_state);
+      write_bytes(f, "meta", meta);
+      h5::Handle root(H5Gopen2(f, "/", H5P_DEFAULT));
+      h5::write_i64_attr(root, "format_version", kCheckpointFormatVersion);
+      h5::write_string_attr(root, "checksum_fnv1a64", to_hex(checksum(meta, st)));
+      if (H5Fflush(f, H5F_SCOPE_GLOBAL) < 0) throw std::runtime_error("cannot flush '" + tmp + "'");
+    }
+    fsync_path(tmp, false);
+    fs::rename(tmp, path);
+    fsync_path(dir, true);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
+  auto all = list_checkpoints(dir);
+  for (size_t i = std::max(keep, 1); i < all.size(); ++i) {
+    std::error_code ec;
+    fs::remove(all[i], ec);
+  }
+  return path;
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const int64_t it = iteration_of(e.path().filename().string());
+    if (it >= 0 && e.is_regular_file()) found.emplace_back(it, e.path().string());
+  }
+  std::sort(found.rbegin(), found.rend());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+TrainState read_checkpoint(const std::string& path, const CheckpointIdentity& want) {
+  h5::quiet_errors();
+  TrainState st;
+  nlohmann::json meta;
+  try {
+    h5::Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    if (!f.valid()) throw CheckpointCorrupt("not a readable HDF5 file");
+    h5::Handle root(H5Gopen2(f, "/", H5P_DEFAULT));
+    int64_t version = 0;
+    if (!h5::read_i64_attr(root, "format_version", &version)) throw CheckpointCorrupt("no format_version");
+    if (version != kCheckpointFormatVersion)
+      throw CheckpointCorrupt("format version " + std::to_string(version) + ", this lbbsp reads " +
+                              std::to_string(kCheckpointFormatVersion));
+    const std::string stored = h5::read_string_attr(root, "checksum_fnv1a64");
+    st.params = h5::read_f32(f, "params", path);
+    st.velocity = h5::read_f32(f, "velocity", path);
+    st.batch = h5::read_i64(f, "batch", path);
+    if (h5::exists(f, "pending")) st.pending = h5::read_i64(f, "pending", path);
+    st.balancer_state = read_bytes(f, "balancer_state", path);
+    const std::string meta_text = read_bytes(f, "meta", path);
+    if (to_hex(checksum(meta_text, st)) != stored)
+      throw CheckpointCorrupt("checksum mismatch (stored " + (stored.empty() ? "nothing" : stored) + ")");
+    meta = nlohmann::json::parse(meta_text);
+    st.iteration = meta.at("iteration").get<int64_t>();
+    st.ranks = meta.at("ranks").get<int>();
+    st.lag = meta.at("lag").get<int>();
+    st.balancer = meta.at("balancer").get<std::string>();
+    st.stats = meta.at("stats");
+  } catch (const CheckpointCorrupt& e) {
+    throw CheckpointCorrupt("checkpoint '" + path + "' is corrupt: " + e.what());
+  } catch (const std::exception& e) {
+    throw CheckpointCorrupt("checkpoint '" + path + "' is corrupt: " + e.what());
+  }
+  // Valid bytes: now is it the same training?
+  expect_equal("model", meta.at("model").get<std::string>(), want.model, path, "--model");
+  expect_equal("global batch", meta.at("global_batch").get<int64_t>(), want.global_batch, path,
+               "--global-batch");
+  expect_equal("dataset input shape", meta.at("input_shape").get<std::vector<int64_t>>(), want.input_shape,
+               path, "--data");
+  expect_equal("dataset classes", meta.at("classes").get<int64_t>(), want.classes, path, "--data");
+  expect_equal("parameter count", meta.at("num_params").get<int64_t>(), want.num_params, path,
+               "--model/--hidden or the dataset's input shape differ");
+  expect_equal("training samples", meta.at("train_samples").get<int64_t>(), want.train_samples, path,
+               "--data/--train-subset");
+  expect_equal("seed", meta.at("seed").get<uint64_t>(), want.seed, path,
+               "--seed: the data order depends on it");
+  if (st.params.size() != static_cast<size_t>(want.num_params) || st.velocity.size() != st.params.size())
+    throw CheckpointCorrupt("checkpoint '" + path + "' is corrupt: parameter arrays have the wrong length");
+  return st;
+}
+
+TrainState load_newest_checkpoint(const std::string& dir, const CheckpointIdentity& want,
+                                  std::string* used_path, std::vector<std::string>* skipped) {
+  const auto all = list_checkpoints(dir);
+  if (all.empty())
+    throw std::invalid_argument("--resume: no checkpoint (ckpt-*.h5) in --checkpoint-dir '" + dir + "'");
+  std::vector<std::string> corrupt;
+  for (const auto& path : all) {
+    try {
+      TrainState st = read_checkpoint(path, want);
+      if (used_path) *used_path = path;
+      if (skipped) *skipped = corrupt;
+      return st;
+    } catch (const CheckpointCorrupt& e) {
+      corrupt.push_back(e.what());
+    }
+  }
+  std::string msg = "--resume: no valid checkpoint in '" + dir + "':";
+  for (const auto& c : corrupt) msg += "\n  " + c;
+  throw std::invalid_argument(msg);
+}
+
+}  // namespace lbbsp::runtime

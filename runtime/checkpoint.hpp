@@ -1,0 +1,64 @@
+// Training checkpoints: one HDF5 file per checkpoint (ckpt-<iteration>.h5 in a folder), written atomically by
+// rank 0 (temp file, fsync, rename, fsync of the folder), the newest K kept. A format version and an FNV-1a
+// checksum over every byte of state guard the load; a checkpoint of another model, global batch, dataset or
+// seed is refused.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace lbbsp::runtime {
+
+// What a checkpoint must match to be resumed (anything else would silently train something different).
+struct CheckpointIdentity {
+  std::string model;
+  int64_t num_params = 0;
+  int64_t global_batch = 0;
+  int64_t train_samples = 0;  // after --train-subset
+  std::vector<int64_t> input_shape;
+  int64_t classes = 0;
+  uint64_t seed = 0;
+};
+
+struct TrainState {
+  int64_t iteration = 0;  // the next iteration to run
+  int ranks = 0;          // rank count that wrote it (the batch vector and balancer state are per rank)
+  int lag = 0;
+  std::string balancer;  // --balancer spec whose state this is
+  std::vector<float> params, velocity;
+  std::vector<int64_t> batch;    // batch vector of `iteration`
+  std::vector<int64_t> pending;  // lag 1: the decision already made for iteration + 1 (else empty)
+  std::string balancer_state;    // Balancer::save_state()
+  nlohmann::json stats;          // the trainer's running statistics (summary, curve), opaque here
+};
+
+// Bytes that fail their checksum or cannot be read at all.
+struct CheckpointCorrupt : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+constexpr int kCheckpointFormatVersion = 1;
+
+// FNV-1a (64-bit), continued from `h`.
+uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL);
+
+// Writes DIR/ckpt-<iteration>.h5 atomically and deletes all but the newest `keep`. Throws on I/O errors (a
+// failed write leaves no partial ckpt-*.h5 behind: only a temp file that is removed).
+std::string write_checkpoint(const std::string& dir, const CheckpointIdentity& id, const TrainState& st,
+                             int keep);
+
+// ckpt-*.h5 files of DIR, newest (highest iteration) first.
+std::vector<std::string> list_checkpoints(const std::string& dir);
+
+// Reads and verifies one checkpoint. Throws CheckpointCorrupt (unreadable, bad checksum, unknown format) or
+// std::invalid_argument (valid but written for another model / global batch / dataset / seed).
+TrainState read_checkpoint(const std::string& path, const CheckpointIdentity& expected);
+
+// The newest valid checkpoint of DIR. A corrupt one is skipped (named in *skipped) when an older valid one
+// exists; if none is valid, or one mismatches, throws std::invalid_argument naming the file and the reason.
+TrainState load_newest_checkpoint(const std::string& dir, const CheckpointIdentity& expected,
+                                  std::string* used_path, std::vector<std::string>* skipped);
+
+}  // namespace lbbsp::runtime

@@ -1,0 +1,50 @@
+# SIGKILL of one rank while checkpointing every N iterations: the job ends promptly with a non-zero exit, and
+# --resume continues from the newest checkpoint, losing at most the N iterations since it.
+source "$(dirname "$0")/../cli/common.sh"
+DATA=$SCRATCH/synth.h5
+"$LBBSP" data synth --samples 2048 --features 64 --classes 4 --seed 1 --out "$DATA" >/dev/null
+EVERY=20
+TRAIN=(train --data "$DATA" --model mlp --hidden 32 --epochs 500 --global-batch 32 --lr 0.05 --seed 737373
+       --test-subset 64 --checkpoint-dir "$SCRATCH/ck" --checkpoint-every $EVERY --progress-every 1)
+# An emulated slow device keeps the run going while we kill it (5 ms per iteration at least).
+SLOW=(--straggle "static:1;gpu=0.005:1000000:0:1000000")
+
+mpirun_n 2 "$LBBSP" "${TRAIN[@]}" "${SLOW[@]}" >"$SCRATCH/kill.log" 2>&1 &
+job=$!
+victim=""
+for _ in $(seq 100); do
+  victim=$(pgrep -f -- "--seed 737373" | while read -r p; do
+    # the rank's executable is lbbsp (its comm may read "exe": lbbsp re-executes itself at start-up)
+    [[ $(readlink /proc/$p/exe 2>/dev/null) == "$(readlink -f "$LBBSP")" ]] && echo "$p"; done | tail -n 1 || true)
+  [[ -n $victim ]] && break
+  sleep 0.1
+done
+[[ -n $victim ]] || fail "could not find a rank to kill"
+# Wait until a few checkpoints exist, then kill.
+for _ in $(seq 300); do
+  (($(ls "$SCRATCH/ck" 2>/dev/null | grep -c '^ckpt-.*\.h5$') >= 2)) && break
+  sleep 0.1
+done
+sleep 0.3
+start=$SECONDS
+kill -9 "$victim"
+rc=0
+wait $job || rc=$?
+((rc != 0)) || fail "the job exited 0 after a rank was killed"
+((SECONDS - start <= 30)) || fail "the job took $((SECONDS - start)) s to end after a rank was killed"
+last=$(grep -oE '^iteration [0-9]+/' "$SCRATCH/kill.log" | tail -n 1 | grep -oE '[0-9]+')
+[[ -n $last ]] || fail "no progress line before the kill: $(cat "$SCRATCH/kill.log")"
+echo "ok: killed rank $victim after iteration $last, job ended in $((SECONDS - start)) s with exit $rc"
+
+mpirun_n 2 "$LBBSP" "${TRAIN[@]}" --resume --max-iterations $((last + 30)) --quiet \
+  --summary-json "$SCRATCH/resumed.json"
+/usr/bin/python3 - "$SCRATCH/resumed.json" "$last" "$EVERY" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+last, every = int(sys.argv[2]), int(sys.argv[3])
+start = s["start_iteration"]
+assert start % every == 0 and start >= last - every and start > 0, (start, last, every)
+assert s["iterations"] == last + 30, s["iterations"]
+print(f"resumed at iteration {start} (last progress line {last}, checkpoint every {every}): lost {last - start}")
+PY
+echo "crash test passed"
