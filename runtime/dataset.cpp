@@ -56,6 +56,9 @@ Dataset::Dataset(const std::string& path, const std::string& split, size_t memor
   h5::Handle root(H5Gopen2(file_, "/", H5P_DEFAULT));
   int max_label = rows_ ? *std::max_element(labels_.begin(), labels_.end()) : 0;
   if (h5::read_i64_attr(root, "num_classes", &declared)) {
+    if (declared < 2 || declared > 256)  // labels are uint8 (found by tests/fuzz/fuzz_dataset)
+      throw std::runtime_error("'" + path + "': attribute num_classes = " + std::to_string(declared) +
+                               " must be in 2..256");
     classes_ = static_cast<int>(declared);
     if (max_label >= classes_) {
       auto it = std::find_if(labels_.begin(), labels_.end(), [&](uint8_t v) { return v >= classes_; });

@@ -42,6 +42,8 @@ int64_t to_int(const std::string& s, const std::string& what) {
   double v = to_double(s, what);
   if (v != std::floor(v))
     throw std::invalid_argument("--straggle: '" + s + "' is not an integer (in " + what + ")");
+  if (std::fabs(v) > 9.0e15)  // beyond 2^53 a double no longer holds every integer (and 1e46 is no int64)
+    throw std::invalid_argument("--straggle: '" + s + "' is out of range (in " + what + ")");
   return static_cast<int64_t>(v);
 }
 
