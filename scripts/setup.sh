@@ -25,6 +25,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev googletest libbenchmark-dev zlib1g-dev
   dataset-fashion-mnist python3 python3-numpy python3-h5py python3-statsmodels python3-matplotlib stress-ng
   slurm-wlm munge iproute2
+  clang libclang-rt-dev
 )
 if ((extras)); then
   packages+=(python3-torch slurm-wlm munge iproute2)
