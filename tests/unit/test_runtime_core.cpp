@@ -1,0 +1,154 @@
+// Runtime pieces that need no MPI: the dataset reader (in memory and out of core), the epoch permutation,
+// straggler specs and emulation, and the timeline's always-valid JSON.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "runtime/dataset.hpp"
+#include "runtime/straggler.hpp"
+#include "runtime/telemetry.hpp"
+#include "runtime/trainer.hpp"
+
+namespace fs = std::filesystem;
+using namespace lbbsp::runtime;
+
+namespace {
+std::string scratch(const std::string& name) {
+  auto dir = fs::temp_directory_path() / ("lbbsp_test_runtime_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return (dir / name).string();
+}
+}  // namespace
+
+TEST(Dataset, OutOfCoreReadsEqualInMemoryReads) {
+  const std::string path = scratch("synth.h5");
+  write_synthetic(300, 49, 4, 7, path, 50);  // 49 features: stored as 7x7 images
+  Dataset in_memory(path, "train");
+  Dataset on_demand(path, "train", /*memory_limit_bytes=*/0);
+  ASSERT_TRUE(in_memory.in_memory());
+  ASSERT_FALSE(on_demand.in_memory());
+  EXPECT_EQ(in_memory.size(), 300);
+  EXPECT_EQ(in_memory.classes(), 4);
+  EXPECT_EQ(in_memory.shape().height, 7);
+  EXPECT_EQ(in_memory.shape().size(), 49);
+  // Unsorted rows with duplicates, as a slice of a permutation never has but a caller may ask for.
+  std::vector<int64_t> rows = {299, 0, 17, 17, 150, 3, 298, 42};
+  const int64_t n = static_cast<int64_t>(rows.size());
+  std::vector<float> xa(n * 49), xb(n * 49, -1.0f);
+  std::vector<uint8_t> ya(n), yb(n, 255);
+  in_memory.gather(rows.data(), n, xa.data(), ya.data());
+  on_demand.gather(rows.data(), n, xb.data(), yb.data());
+  EXPECT_EQ(xa, xb);
+  EXPECT_EQ(ya, yb);
+  EXPECT_EQ(std::vector<float>(xa.begin() + 2 * 49, xa.begin() + 3 * 49),
+            std::vector<float>(xa.begin() + 3 * 49, xa.begin() + 4 * 49));  // the duplicated row
+  EXPECT_GE(*std::min_element(xa.begin(), xa.end()), 0.0f);
+  EXPECT_LE(*std::max_element(xa.begin(), xa.end()), 1.0f);
+  int64_t bad = 300;
+  EXPECT_THROW(in_memory.gather(&bad, 1, xa.data(), ya.data()), std::out_of_range);
+  Dataset test(path, "test");
+  EXPECT_EQ(test.size(), 50);
+}
+
+TEST(Dataset, MissingFileIsNamed) {
+  try {
+    Dataset d("/nonexistent/x.h5", "train");
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/x.h5"), std::string::npos) << e.what();
+  }
+}
+
+TEST(EpochPermutation, IsASeededPermutationThatChangesPerEpoch) {
+  auto p = epoch_permutation(1000, 5, 0);
+  auto sorted = p;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(sorted[i], i);
+  EXPECT_EQ(p, epoch_permutation(1000, 5, 0));
+  EXPECT_NE(p, epoch_permutation(1000, 5, 1));
+  EXPECT_NE(p, epoch_permutation(1000, 6, 0));
+  EXPECT_TRUE(epoch_permutation(0, 1, 0).empty());
+}
+
+TEST(Straggler, StaticFactorsCycleAndStretchCompute) {
+  Straggler s("static:1,0.5", 3, 1);
+  EXPECT_TRUE(s.replay());
+  EXPECT_DOUBLE_EQ(s.capacity(0, 0), 1.0);
+  EXPECT_DOUBLE_EQ(s.capacity(1, 10), 0.5);
+  EXPECT_DOUBLE_EQ(s.capacity(2, 0), 1.0);  // cycled
+  EXPECT_DOUBLE_EQ(s.emulated_seconds(1, 0, 10, 0.2), 0.4);
+  ResourceMetrics measured;
+  measured.cpu_avail = 0.9;
+  EXPECT_DOUBLE_EQ(s.metrics(1, 0, measured).cpu_avail, 0.5);  // replay reports the trace's co-tenant load
+}
+
+TEST(Straggler, TraceReplayFollowsTheSeriesWithScaleAndOffset) {
+  const std::string path = scratch("trace.csv");
+  std::ofstream(path) << "time_s,capacity\n0,1.0\n1,0.5\n2,0.25\n3,0.8\n";
+  Straggler s("trace:" + path + ";scale=2;offset=1", 1, 1);
+  EXPECT_DOUBLE_EQ(s.capacity(0, 0.0), 0.5);  // offset 1
+  EXPECT_DOUBLE_EQ(s.capacity(0, 1.9), 0.5);  // same trace step for 2 s
+  EXPECT_DOUBLE_EQ(s.capacity(0, 2.0), 0.25);
+  EXPECT_DOUBLE_EQ(s.capacity(0, 6.0), 1.0);  // wraps around
+}
+
+TEST(Straggler, GpuProfileIsPiecewiseLinearAndCapsMemory) {
+  Straggler s("static:1,0.5;gpu=0.01:32:0.001:64", 2, 1);
+  ASSERT_TRUE(s.gpu_profile());
+  EXPECT_EQ(s.mem_cap(0), 64);
+  EXPECT_NEAR(s.emulated_seconds(0, 0, 16, 0.0), 0.01, 1e-12);          // flat below saturation
+  EXPECT_NEAR(s.emulated_seconds(0, 0, 48, 0.0), 0.01 + 0.016, 1e-12);  // linear above
+  EXPECT_NEAR(s.emulated_seconds(1, 0, 48, 0.0), 2 * 0.026, 1e-12);     // divided by the capacity
+  EXPECT_NEAR(s.emulated_seconds(0, 0, 16, 0.5), 0.5, 1e-12);           // real compute slower than the curve
+  EXPECT_THROW(s.emulated_seconds(0, 0, 65, 0.0), std::runtime_error);  // out of memory
+}
+
+TEST(Straggler, BadSpecsNameTheProblem) {
+  auto message = [](const std::string& spec) {
+    try {
+      Straggler s(spec, 2, 1);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("wobble:1").find("unknown kind 'wobble'"), std::string::npos);
+  EXPECT_NE(message("static:").find("static"), std::string::npos);
+  EXPECT_NE(message("static:0").find("must be in (0, 1]"), std::string::npos);
+  EXPECT_NE(message("static:1;scale=0").find("scale must be > 0"), std::string::npos);
+  EXPECT_NE(message("static:1;gpu=1:2:3").find("FLOOR:SAT:SLOPE:CAP"), std::string::npos);
+  EXPECT_NE(message("stress:5=50").find("stress rank 5 is not in 0..1"), std::string::npos);
+  EXPECT_NE(message("stress:1=150").find("1..100"), std::string::npos);
+  EXPECT_NE(message("static:1;color=red").find("unknown option 'color'"), std::string::npos);
+  EXPECT_NE(message("trace:/nonexistent/dir").find("/nonexistent/dir"), std::string::npos);
+  EXPECT_EQ(message("none"), "no error");
+}
+
+TEST(Timeline, IsValidJsonAfterEveryFlush) {
+  const std::string path = scratch("timeline.json");
+  Timeline t(path);
+  auto parse = [&] {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return nlohmann::json::parse(ss.str());
+  };
+  EXPECT_TRUE(parse().is_array());
+  t.name_process(0, "rank 0");
+  t.complete(0, "compute", "compute", 0.001, 0.002, "{\"batch\":3}");
+  t.flush();
+  auto j = parse();
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[1]["ph"], "X");
+  EXPECT_EQ(j[1]["args"]["batch"], 3);
+  EXPECT_DOUBLE_EQ(j[1]["ts"].get<double>(), 1000.0);
+  t.complete(1, "wait", "wait", 0.003, 0.001, "");
+  t.flush();
+  EXPECT_EQ(parse().size(), 3u);
+}
