@@ -19,12 +19,18 @@ LBBSP=$(cd "$(dirname "$LBBSP")" && pwd)/$(basename "$LBBSP")
 [[ -x $LBBSP ]] || fail "lbbsp binary '$LBBSP' missing: build it first (cmake --build build)"
 # shellcheck source=tests/slurm/pick_python.sh
 source "$here/../slurm/pick_python.sh"
-# Each emulated host has its own /tmp, so what all of them read or write must live elsewhere.
-for p in "$SCRATCH" "$LBBSP" "$SRC"; do
-  case $(realpath -m "$p")/ in
-    /tmp/*) fail "$p is under /tmp, which each emulated host has its own of: build and test outside /tmp" ;;
-  esac
-done
+# Each emulated host has its own /tmp, so what all of them read or write must live elsewhere: a checkout or
+# build under /tmp is staged (binary, scripts, scratch) into /var/tmp and the results copied back at the end.
+under_tmp() { case $(realpath -m "$1")/ in /tmp/*) return 0 ;; esac; return 1; }
+STAGE="" OUT_SCRATCH=$SCRATCH
+if under_tmp "$SCRATCH" || under_tmp "$LBBSP" || under_tmp "$SRC"; then
+  STAGE=$(mktemp -d /var/tmp/lbbsp-stage.XXXXXX)
+  mkdir -p "$STAGE/src" "$STAGE/bin" "$STAGE/scratch"
+  cp -r "$SRC/scripts" "$STAGE/src/"
+  cp "$LBBSP" "$STAGE/bin/lbbsp"
+  LBBSP=$STAGE/bin/lbbsp SRC=$STAGE/src SCRATCH=$STAGE/scratch
+  echo "note: /tmp is private to each emulated host: staged the binary, scripts and scratch in $STAGE"
+fi
 
 minicluster_check
 netns_hosts_check
@@ -39,7 +45,11 @@ cleanup() {
     cp -r "$MC/log/." "$MC/slurm.conf" "$SCRATCH/daemon-logs/" 2>/dev/null || true
     rm -rf "$MC"
   fi
-  ((rc == 0)) && echo "PASS ($SECONDS s)" || echo "FAILED (exit $rc) after $SECONDS s; logs in $SCRATCH" >&2
+  if [[ -n $STAGE ]]; then
+    cp -r "$SCRATCH/." "$OUT_SCRATCH/" 2>/dev/null || true
+    rm -rf "$STAGE"
+  fi
+  ((rc == 0)) && echo "PASS ($SECONDS s)" || echo "FAILED (exit $rc) after $SECONDS s; logs in $OUT_SCRATCH" >&2
 }
 trap cleanup EXIT
 trap 'exit 143' TERM HUP
