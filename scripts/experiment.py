@@ -233,6 +233,11 @@ def name_of(s):
     return s["balancer"] + (f"/{s['predictor']}" if s.get("balancer") == "lbbsp-cpu" else "")
 
 
+def mean_or_none(v):
+    v = [x for x in v if x is not None]
+    return float(np.mean(v)) if v else None
+
+
 def time_to(summary, threshold):
     """Training time to the first evaluation at >= threshold, from the summary's accuracy_curve (None if never)."""
     for p in summary.get("accuracy_curve") or []:
@@ -255,8 +260,8 @@ def aggregate(scenario, runs_by_balancer, target2=None):
         low_ok = [t for t in low if t is not None]
         rows.append({"scenario": scenario, "balancer": name, "mean_iteration_s": float(np.mean(it)),
                      "iter_min": min(it), "iter_max": max(it), "n": len(runs),
-                     "wait_fraction": float(np.mean([r["wait_fraction"] for r in runs])),
-                     "overhead_fraction": float(np.mean([r.get("balancer_overhead_fraction", 0) for r in runs])),
+                     "wait_fraction": mean_or_none([r.get("wait_fraction") for r in runs]),
+                     "overhead_fraction": mean_or_none([r.get("balancer_overhead_fraction") for r in runs]),
                      "time_to_target_s": float(np.mean(reached)) if len(reached) == len(runs) else None,
                      "target_accuracy": runs[0].get("target_accuracy"),
                      "time_to_target2_s": float(np.mean(low_ok)) if low_ok and len(low_ok) == len(low) else None,
