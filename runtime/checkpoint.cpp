@@ -39,13 +39,13 @@ int64_t iteration_of(const std::string& name) {
   return std::stoll(digits);
 }
 
-void fsync_path(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) throw std::runtime_error("cannot open '" + path + "' to fsync: " + std::strerror(errno));
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) throw std::runtime_error("cannot open folder '" + dir + "' to fsync: " + std::strerror(errno));
   int rc = ::fsync(fd);
   int err = errno;
   ::close(fd);
-  if (rc != 0) throw std::runtime_error("fsync of '" + path + "' failed: " + std::strerror(err));
+  if (rc != 0) throw std::runtime_error("fsync of folder '" + dir + "' failed: " + std::strerror(err));
 }
 
 std::string to_hex(uint64_t v) {
@@ -102,6 +102,57 @@ void expect_equal(const char* what, const T& have, const T& want, const std::str
                               " (" + hint + ")");
 }
 
+// The whole checkpoint as an HDF5 file image built in memory: HDF5 never touches the disk, so a full disk
+// fails our own write() below cleanly (a failed H5Fclose on a real file leaves HDF5 to crash at exit).
+std::string file_image(const TrainState& st, const std::string& meta) {
+  h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
+  if (H5Pset_fapl_core(fapl, 1 << 20, 0) < 0)
+    throw std::runtime_error("cannot set up an in-memory HDF5 file");
+  h5::Handle f(H5Fcreate("checkpoint-in-memory.h5", H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+  if (!f.valid()) throw std::runtime_error("cannot create an in-memory HDF5 file");
+  h5::write_f32(f, "params", st.params.data(), {st.params.size()});
+  h5::write_f32(f, "velocity", st.velocity.data(), {st.velocity.size()});
+  h5::write_i64(f, "batch", st.batch.data(), {st.batch.size()});
+  if (!st.pending.empty()) h5::write_i64(f, "pending", st.pending.data(), {st.pending.size()});
+  write_bytes(f, "balancer_state", st.balancer_state);
+  write_bytes(f, "meta", meta);
+  {
+    h5::Handle root(H5Gopen2(f, "/", H5P_DEFAULT));
+    h5::write_i64_attr(root, "format_version", kCheckpointFormatVersion);
+    h5::write_string_attr(root, "checksum_fnv1a64", to_hex(checksum(meta, st)));
+  }
+  if (H5Fflush(f, H5F_SCOPE_GLOBAL) < 0) throw std::runtime_error("cannot flush the in-memory HDF5 file");
+  const ssize_t n = H5Fget_file_image(f, nullptr, 0);
+  if (n <= 0) throw std::runtime_error("cannot get the HDF5 file image");
+  std::string image(static_cast<size_t>(n), '\0');
+  if (H5Fget_file_image(f, image.data(), image.size()) != n)
+    throw std::runtime_error("cannot get the HDF5 file image");
+  return image;
+}
+
+// write() + fsync(), every error (ENOSPC, EFBIG, EIO) reported with the path.
+void write_file(const std::string& path, const std::string& bytes) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create '" + path + "': " + std::strerror(errno));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      int err = w < 0 ? errno : ENOSPC;
+      ::close(fd);
+      throw std::runtime_error("cannot write '" + path + "': " + std::strerror(err));
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw std::runtime_error("fsync of '" + path + "' failed: " + std::strerror(err));
+  }
+  if (::close(fd) != 0) throw std::runtime_error("cannot close '" + path + "': " + std::strerror(errno));
+}
+
 }  // namespace
 
 uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
@@ -118,22 +169,10 @@ std::string write_checkpoint(const std::string& dir, const CheckpointIdentity& i
   const std::string tmp = path + ".tmp";
   const std::string meta = meta_of(id, st).dump();
   try {
-    {
-      h5::Handle f = h5::create_file(tmp);
-      h5::write_f32(f, "params", st.params.data(), {st.params.size()});
-      h5::write_f32(f, "velocity", st.velocity.data(), {st.velocity.size()});
-      h5::write_i64(f, "batch", st.batch.data(), {st.batch.size()});
-      if (!st.pending.empty()) h5::write_i64(f, "pending", st.pending.data(), {st.pending.size()});
-      write_bytes(f, "balancer_state", st.balancer_state);
-      write_bytes(f, "meta", meta);
-      h5::Handle root(H5Gopen2(f, "/", H5P_DEFAULT));
-      h5::write_i64_attr(root, "format_version", kCheckpointFormatVersion);
-      h5::write_string_attr(root, "checksum_fnv1a64", to_hex(checksum(meta, st)));
-      if (H5Fflush(f, H5F_SCOPE_GLOBAL) < 0) throw std::runtime_error("cannot flush '" + tmp + "'");
-    }
-    fsync_path(tmp, false);
+    write_file(tmp, file_image(st, meta));
+    read_checkpoint(tmp, id);  // read back and verified before it can replace anything
     fs::rename(tmp, path);
-    fsync_path(dir, true);
+    fsync_dir(dir);  // the rename itself is durable
   } catch (...) {
     std::error_code ec;
     fs::remove(tmp, ec);

@@ -106,4 +106,20 @@ SEED=6 expect_fail "written for seed 5, this run has 6" train 2 logreg random:7 
 expect_fail "no checkpoint \(ckpt-\*.h5\) in --checkpoint-dir" train 1 logreg bsp 0 30 \
   --checkpoint-dir "$SCRATCH/empty" --resume
 expect_fail "--resume needs --checkpoint-dir" train 1 logreg bsp 0 30 --resume
+# Disk full while checkpointing (emulated with a 12 MiB file-size limit, above what MPI start-up writes, below the
+# 21 MB checkpoint of this MLP; SIGXFSZ ignored so write() fails with EFBIG): a warning, training goes on to the
+# end, no partial file is left, the older checkpoints stay as they were.
+F=$SCRATCH/ck-full
+BIG=(train --data "$DATA" --model mlp --hidden 8192,256 --global-batch 32 --seed 5 --checkpoint-dir "$F" --quiet)
+"$LBBSP" "${BIG[@]}" --max-iterations 10 --checkpoint-every 5
+before=$(md5sum "$F"/ckpt-*.h5)
+out=$(trap '' XFSZ; ulimit -f 12288; "$LBBSP" "${BIG[@]}" --max-iterations 20 --checkpoint-every 5 --resume \
+  --summary-json "$SCRATCH/full.json" 2>&1 || echo "EXIT $?")
+[[ $out != *EXIT* ]] || fail "a failed checkpoint write must not end the run: $out"
+grep -q "warning: checkpoint at iteration 15 not written" <<<"$out" || fail "expected a warning, got: $out"
+grep -q "warning: checkpoint at iteration 20 not written" <<<"$out" || fail "expected a warning at the end: $out"
+$PY -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['iterations'] == 20, s" "$SCRATCH/full.json"
+[[ $(ckpts "$F") == "ckpt-000000000005.h5 ckpt-000000000010.h5 " ]] || fail "left behind: $(ls "$F")"
+[[ $(md5sum "$F"/ckpt-*.h5) == "$before" ]] || fail "the older checkpoints changed"
+echo "ok: disk full while checkpointing: warned, trained on, older checkpoints intact"
 echo "checkpoint tests passed"
