@@ -2,8 +2,11 @@
 """Run the LB-BSP experiment end to end on this machine and write a results folder.
 
 Scenarios (trainer runs under mpirun, 4 ranks, MLP on Fashion-MNIST):
-  static   --straggle static:1,1,0.5,0.25
-  trace    replay of real co-tenant CPU traces (Alibaba 2018 co-located machines)
+  static   --straggle static:1,1,0.5,0.25 with a linear emulated cost (gpu=0:0:SLOPE:CAP, see --slope): 4 ranks on
+           2 loaded cores make compute / capacity (pure sleep) measure CPU contention, not the capacities
+  static-sleep  the same without the linear cost (pure sleep-by-capacity), to show that effect
+  trace    replay of real co-tenant CPU traces (Alibaba 2018 co-located machines, scale 2: a 60 s trace step every
+           2 s of training, ~15 iterations; at scale 0.25 the capacity changes nearly every iteration)
   stress   a real stress-ng co-tenant next to ranks 1 and 3, on/off every 2 s
   gpu-emu  GPU-like cost profile (flat to saturation, then linear, memory cap) emulated in the trainer
   gpu-sim  the same kind of profile through `lbbsp simulate --profile gpu` (many workers, trace-driven)
@@ -13,6 +16,8 @@ predicted vs actual speed and accuracy over time. A PyTorch DDP peer (scripts/pe
 order, global batch and static straggler emulation, equal split) adds a "pytorch-ddp" row to the static scenario.
 
 usage: scripts/experiment.py [--quick | --smoke | --full] [--lbbsp PATH] [--data PATH] [--out DIR] [--repeats N]
+       scripts/experiment.py --scenarios trace --balancers bsp,lbbsp-cpu/narx,oracle --repeats 3
+       scripts/experiment.py --rebuild --out DIR     (tables and plots again from DIR/runs, no training)
 Run with /usr/bin/python3 (numpy, h5py, matplotlib; torch for the DDP peer).
 """
 import argparse
