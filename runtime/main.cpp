@@ -14,7 +14,13 @@ int main(int argc, char** argv) {
   // once.
   if (!std::getenv("OMP_WAIT_POLICY")) {
     setenv("OMP_WAIT_POLICY", "passive", 1);
-    execv("/proc/self/exe", argv);  // on failure carry on with the spinning default
+    // Exec the resolved path, not /proc/self/exe, so that the process keeps its name (ps, pgrep, top).
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+      self[n] = '\0';
+      execv(self, argv);  // on failure carry on with the spinning default
+    }
   }
   CLI::App app{
       "lbbsp: straggler-free synchronous data-parallel training (LB-BSP semi-dynamic load balancing)"};
