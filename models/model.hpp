@@ -31,11 +31,11 @@ struct StepStats {
 };
 
 struct ModelConfig {
-  std::string kind = "mlp";             // logreg | mlp | cnn
-  InputShape input;                     // from the dataset
-  int classes = 10;                     // from the dataset
+  std::string kind = "mlp";              // logreg | mlp | cnn
+  InputShape input;                      // from the dataset
+  int classes = 10;                      // from the dataset
   std::vector<int> hidden = {256, 128};  // MLP widths
-  std::string device = "cpu";           // cpu | cuda (current CUDA device; models/cuda/cuda_models.hpp)
+  std::string device = "cpu";            // cpu | cuda (current CUDA device; models/cuda/cuda_models.hpp)
 };
 
 class Model {

@@ -50,8 +50,8 @@ std::vector<EvalSeries> series_from_telemetry(const std::string& run_dir);
 // reference for rmse_vs_ema. Throws std::invalid_argument on a bad predictor spec.
 EvalReport evaluate(const std::vector<EvalSeries>& series, const EvalOptions& options);
 
-// "narx:dy=4,du=2,arima:2,0,1,ema" -> {"narx:dy=4,du=2", "arima:2,0,1", "ema"}: a comma-separated item continues
-// the previous spec (one with ':') when it looks like an argument (a number or key=value).
+// "narx:dy=4,du=2,arima:2,0,1,ema" -> {"narx:dy=4,du=2", "arima:2,0,1", "ema"}: a comma-separated item
+// continues the previous spec (one with ':') when it looks like an argument (a number or key=value).
 std::vector<std::string> split_predictor_list(const std::string& list);
 
 // format: md (overall table plus per-family tables), csv, or json.
