@@ -234,7 +234,13 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
                                   (ec ? ": " + ec.message() : ""));
   }
 
-  // Output paths are checked before training, not discovered unwritable at the end of a long run.
+  // Output paths are checked before training, not discovered unwritable at the end of a long run. The log
+  // folder is made first, so that outputs inside it (--summary-json DIR/summary.json) are fine.
+  if (!cfg.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.log_dir, ec);
+    if (ec) throw std::invalid_argument("--log-dir: cannot create '" + cfg.log_dir + "': " + ec.message());
+  }
   for (auto [flag, path] : {std::pair{"--summary-json", cfg.summary_json},
                             {"--save-params", cfg.save_params},
                             {"--timeline", cfg.timeline}}) {
