@@ -610,8 +610,6 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     last_iter_s = iter_s;
     train_time += iter_s;
     coord_time += coord_s;
-    const double wait_me = max_compute - compute_s;
-    (void)wait_me;
     double wait_sum = 0;
     for (int r = 0; r < R; ++r) wait_sum += max_compute - buf[off_slots + r * kSlotFields + kCompute];
     wait_rank_time += wait_sum;
@@ -715,8 +713,8 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   if (tty) std::printf("\n");
 
   // Every rank applied the same reduced updates: check that the parameters really agree.
-  double sum = 0, wsum = 0;
-  for (size_t i = 0; i < P; ++i) sum += params[i], wsum += params[i] * static_cast<double>((i % 97) + 1);
+  double wsum = 0;
+  for (size_t i = 0; i < P; ++i) wsum += params[i] * static_cast<double>((i % 97) + 1);
   double mn = wsum, mx = wsum;
   comm.allreduce_min_max(&mn, &mx);
   if (mn != mx)

@@ -18,3 +18,26 @@ expect_fail() {
   grep -qE -- "$pattern" <<<"$out" || fail "expected message /$pattern/ from: $* ; got: $out"
   echo "ok (exit $rc): $pattern"
 }
+# find_rank_pid MARKER: pid of one lbbsp rank whose command line contains MARKER (waits up to 10 s). Matches the
+# executable, not the name: lbbsp re-executes itself at start-up.
+find_rank_pid() {
+  local marker=$1 exe pid=""
+  exe=$(readlink -f "$LBBSP")
+  for _ in $(seq 100); do
+    pid=$(pgrep -f -- "$marker" | while read -r p; do
+      [[ $(readlink /proc/$p/exe 2>/dev/null) == "$exe" ]] && echo "$p"; done | tail -n 1 || true)
+    [[ -n $pid ]] && break
+    sleep 0.1
+  done
+  [[ -n $pid ]] || fail "could not find a rank to kill (marker '$marker')"
+  echo "$pid"
+}
+# kill_rank_expect_prompt_end PID JOB: SIGKILL the rank; the job (a background pid) must end non-zero within 30 s.
+kill_rank_expect_prompt_end() {
+  local victim=$1 job=$2 start=$SECONDS rc=0
+  kill -9 "$victim"
+  wait "$job" || rc=$?
+  ((rc != 0)) || fail "the job exited 0 after a rank was killed"
+  ((SECONDS - start <= 30)) || fail "the job took $((SECONDS - start)) s to end after a rank was killed"
+  echo "ok: killed rank $victim, job ended in $((SECONDS - start)) s with exit $rc"
+}

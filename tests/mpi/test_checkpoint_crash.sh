@@ -12,30 +12,17 @@ SLOW=(--straggle "static:1;gpu=0.005:1000000:0:1000000")
 
 mpirun_n 2 "$LBBSP" "${TRAIN[@]}" "${SLOW[@]}" >"$SCRATCH/kill.log" 2>&1 &
 job=$!
-victim=""
-for _ in $(seq 100); do
-  victim=$(pgrep -f -- "--seed 737373" | while read -r p; do
-    # the rank's executable is lbbsp (its comm may read "exe": lbbsp re-executes itself at start-up)
-    [[ $(readlink /proc/$p/exe 2>/dev/null) == "$(readlink -f "$LBBSP")" ]] && echo "$p"; done | tail -n 1 || true)
-  [[ -n $victim ]] && break
-  sleep 0.1
-done
-[[ -n $victim ]] || fail "could not find a rank to kill"
+victim=$(find_rank_pid "--seed 737373")
 # Wait until a few checkpoints exist, then kill.
 for _ in $(seq 300); do
   (($(ls "$SCRATCH/ck" 2>/dev/null | grep -c '^ckpt-.*\.h5$') >= 2)) && break
   sleep 0.1
 done
 sleep 0.3
-start=$SECONDS
-kill -9 "$victim"
-rc=0
-wait $job || rc=$?
-((rc != 0)) || fail "the job exited 0 after a rank was killed"
-((SECONDS - start <= 30)) || fail "the job took $((SECONDS - start)) s to end after a rank was killed"
+kill_rank_expect_prompt_end "$victim" $job
 last=$(grep -oE '^iteration [0-9]+/' "$SCRATCH/kill.log" | tail -n 1 | grep -oE '[0-9]+')
 [[ -n $last ]] || fail "no progress line before the kill: $(cat "$SCRATCH/kill.log")"
-echo "ok: killed rank $victim after iteration $last, job ended in $((SECONDS - start)) s with exit $rc"
+echo "ok: the killed run got past iteration $last"
 
 mpirun_n 2 "$LBBSP" "${TRAIN[@]}" --resume --max-iterations $((last + 30)) --quiet \
   --summary-json "$SCRATCH/resumed.json" --save-params "$SCRATCH/resumed.h5"

@@ -105,3 +105,28 @@ netns_hosts_limit() { # netns_hosts_limit I RATE: host I's egress and the bridge
   ip netns exec "$SW" tc qdisc add dev "p$1" root tbf rate "$2" burst 32kb latency 400ms
   echo "network: host $1 limited to $2 both ways (tbf)"
 }
+
+# netns_stage_out_of_tmp: each emulated host has its own /tmp, so a binary, checkout or scratch folder under /tmp
+# (CI may clone there) is staged into /var/tmp. Uses and updates LBBSP, SCRATCH and (when set) SRC; sets STAGE
+# (empty when nothing was staged) and OUT_SCRATCH (the caller's scratch). netns_unstage copies results back.
+netns_stage_out_of_tmp() {
+  _under_tmp() { case $(realpath -m "$1")/ in /tmp/*) return 0 ;; esac; return 1; }
+  STAGE="" OUT_SCRATCH=$SCRATCH
+  if _under_tmp "$SCRATCH" || _under_tmp "$LBBSP" || { [[ -n ${SRC:-} ]] && _under_tmp "$SRC"; }; then
+    STAGE=$(mktemp -d /var/tmp/lbbsp-stage.XXXXXX)
+    mkdir -p "$STAGE/bin" "$STAGE/scratch"
+    cp "$LBBSP" "$STAGE/bin/lbbsp"
+    LBBSP=$STAGE/bin/lbbsp SCRATCH=$STAGE/scratch
+    if [[ -n ${SRC:-} ]]; then
+      mkdir -p "$STAGE/src"
+      cp -r "$SRC/scripts" "$STAGE/src/"
+      SRC=$STAGE/src
+    fi
+    echo "note: /tmp is private to each emulated host: staged what the hosts need in $STAGE"
+  fi
+}
+netns_unstage() {
+  [[ -n ${STAGE:-} ]] || return 0
+  cp -r "$SCRATCH/." "$OUT_SCRATCH/" 2>/dev/null || true
+  rm -rf "$STAGE"
+}

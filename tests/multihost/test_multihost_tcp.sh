@@ -23,15 +23,7 @@ source "$here/netns_hosts.sh"
 
 # Each emulated host has its own /tmp: a binary or scratch folder under /tmp (CI may clone there) is staged into
 # /var/tmp, and the files copied back at the end.
-under_tmp() { case $(realpath -m "$1")/ in /tmp/*) return 0 ;; esac; return 1; }
-STAGE="" OUT_SCRATCH=$SCRATCH
-if under_tmp "$SCRATCH" || under_tmp "$LBBSP"; then
-  STAGE=$(mktemp -d /var/tmp/lbbsp-stage.XXXXXX)
-  mkdir -p "$STAGE/bin" "$STAGE/scratch"
-  cp "$LBBSP" "$STAGE/bin/lbbsp"
-  LBBSP=$STAGE/bin/lbbsp SCRATCH=$STAGE/scratch
-  echo "note: /tmp is private to each emulated host: staged the binary and scratch in $STAGE"
-fi
+netns_stage_out_of_tmp
 
 HOSTS=4 SUBNET=10.77.0 RATE=${MULTIHOST_RATE:-10mbit} SLOW=3
 netns_hosts_check
@@ -42,10 +34,7 @@ MPIRUN=$(command -v mpirun)
 cleanup() {
   local rc=$?
   netns_hosts_down
-  if [[ -n $STAGE ]]; then
-    cp -r "$SCRATCH/." "$OUT_SCRATCH/" 2>/dev/null || true
-    rm -rf "$STAGE"
-  fi
+  netns_unstage
   ((rc == 0)) && echo "PASS ($SECONDS s)" || echo "FAILED (exit $rc) after $SECONDS s; files in $OUT_SCRATCH" >&2
 }
 trap cleanup EXIT

@@ -21,16 +21,7 @@ LBBSP=$(cd "$(dirname "$LBBSP")" && pwd)/$(basename "$LBBSP")
 source "$here/../slurm/pick_python.sh"
 # Each emulated host has its own /tmp, so what all of them read or write must live elsewhere: a checkout or
 # build under /tmp is staged (binary, scripts, scratch) into /var/tmp and the results copied back at the end.
-under_tmp() { case $(realpath -m "$1")/ in /tmp/*) return 0 ;; esac; return 1; }
-STAGE="" OUT_SCRATCH=$SCRATCH
-if under_tmp "$SCRATCH" || under_tmp "$LBBSP" || under_tmp "$SRC"; then
-  STAGE=$(mktemp -d /var/tmp/lbbsp-stage.XXXXXX)
-  mkdir -p "$STAGE/src" "$STAGE/bin" "$STAGE/scratch"
-  cp -r "$SRC/scripts" "$STAGE/src/"
-  cp "$LBBSP" "$STAGE/bin/lbbsp"
-  LBBSP=$STAGE/bin/lbbsp SRC=$STAGE/src SCRATCH=$STAGE/scratch
-  echo "note: /tmp is private to each emulated host: staged the binary, scripts and scratch in $STAGE"
-fi
+netns_stage_out_of_tmp
 
 minicluster_check
 netns_hosts_check
@@ -45,10 +36,7 @@ cleanup() {
     cp -r "$MC/log/." "$MC/slurm.conf" "$SCRATCH/daemon-logs/" 2>/dev/null || true
     rm -rf "$MC"
   fi
-  if [[ -n $STAGE ]]; then
-    cp -r "$SCRATCH/." "$OUT_SCRATCH/" 2>/dev/null || true
-    rm -rf "$STAGE"
-  fi
+  netns_unstage
   ((rc == 0)) && echo "PASS ($SECONDS s)" || echo "FAILED (exit $rc) after $SECONDS s; logs in $OUT_SCRATCH" >&2
 }
 trap cleanup EXIT
