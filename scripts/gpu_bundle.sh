@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Packs a CUDA build of lbbsp made on this Debian machine into one folder for a GPU machine that cannot build it:
+# no network to install our Debian packages there (Open MPI, HDF5, hwloc, OpenBLAS), only a CUDA image.
+#   scripts/gpu_bundle.sh BUILD_DIR BUNDLE_DIR
+# BUNDLE_DIR/bin holds lbbsp, test_gpu_models and bench_gpu; BUNDLE_DIR/root mirrors, at their absolute paths, every
+# shared library they need (and Open MPI's launcher, plugins and help files), except glibc, libstdc++/libgcc and the
+# CUDA libraries, which the GPU machine's own image provides (same CUDA major version: check `nvcc --version` on both).
+# BUNDLE_DIR.tar.xz packs the folder. On the GPU machine, `scripts/gpu_check.sh --bundle BUNDLE_DIR[.tar.xz]` copies root/ onto / without overwriting anything
+# (a library already there with the same soname is ABI-compatible and wins), runs ldconfig and uses bin/.
+# Build with -DLBBSP_PORTABLE=ON so that no -march=native code from this CPU reaches the other one.
+set -euo pipefail
+build=${1:?usage: gpu_bundle.sh BUILD_DIR BUNDLE_DIR}
+bundle=${2:?usage: gpu_bundle.sh BUILD_DIR BUNDLE_DIR}
+bins=("$build/lbbsp" "$build/tests/test_gpu_models" "$build/bench/bench_gpu")
+for b in "${bins[@]}"; do
+  [[ -x $b ]] || { echo "gpu_bundle: $b missing: build it with: cmake --build $build --target lbbsp test_gpu_models bench_gpu" >&2; exit 1; }
+done
+grep -q 'LBBSP_PORTABLE:BOOL=ON' "$build/CMakeCache.txt" ||
+  echo "gpu_bundle: warning: $build was not configured with -DLBBSP_PORTABLE=ON (-march=native code may not run there)" >&2
+
+rm -rf "$bundle"
+mkdir -p "$bundle/bin" "$bundle/root"
+cp "${bins[@]}" "$bundle/bin/"
+root=$(realpath "$bundle/root")
+
+# Open MPI as Debian lays it out: launcher, daemon, plugin and help-file folders (plugins are dlopen()ed from
+# these compiled-in paths, so they keep them).
+mpi_paths=(/usr/bin/orterun /usr/bin/orted /usr/bin/ompi_info /usr/lib/x86_64-linux-gnu/openmpi
+           /usr/lib/x86_64-linux-gnu/pmix2 /usr/share/openmpi /usr/share/pmix /etc/openmpi)
+for p in "${mpi_paths[@]}"; do
+  # relative to / (cp -a --parents with absolute sources fails on the parent folders' attributes in coreutils 9.1)
+  [[ -e $p ]] && (cd / && cp -a --parents "${p#/}" "$root/")
+done
+
+# Every shared library those programs and plugins load, by the name the loader asks for (symlinks resolved).
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libmvec|libpthread|libdl\.so|librt\.so|libutil|libresolv|libstdc\+\+|libgcc_s|libcuda\.so|libcudart|libcublas|libnvidia)'
+objects=("${bins[@]}" /usr/bin/orterun /usr/bin/orted /usr/bin/ompi_info)
+mapfile -t plugins < <(find /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 -name '*.so' -type f)
+objects+=("${plugins[@]}")
+missing=()
+while read -r name path; do
+  [[ $name =~ $skip ]] && continue
+  if [[ $path == "not" || -z $path ]]; then missing+=("$name"); continue; fi
+  dest="$root$(realpath "$(dirname "$path")")/$name"  # /lib/... -> /usr/lib/...: /lib is a link on merged-/usr systems
+  [[ -e $dest ]] || { mkdir -p "$(dirname "$dest")"; cp -L "$path" "$dest"; }
+done < <(for o in "${objects[@]}"; do ldd "$o" 2>/dev/null; done | awk '$2 == "=>" {print $1, $3}' | sort -u)
+# Plugins of optional transports (e.g. a PSM/UCX library absent here) may miss libraries; Open MPI skips them.
+((${#missing[@]})) && echo "gpu_bundle: not found here (their plugins will be skipped): ${missing[*]}" >&2
+find "$root" -name '*.a' -delete  # static archives of the copied folders: nothing loads them
+# One compressed file to carry to the GPU machine (the folder is ~90 MB, most of it OpenBLAS's kernels).
+tar -C "$(dirname "$bundle")" -cJf "$bundle.tar.xz" "$(basename "$bundle")"
+echo "gpu_bundle: $bundle ($(du -sh "$bundle" | cut -f1), $(find "$root" -type f | wc -l) files under root/)" \
+  "and $bundle.tar.xz ($(du -sh "$bundle.tar.xz" | cut -f1))"
