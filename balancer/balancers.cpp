@@ -12,6 +12,7 @@
 #include "balancer/balancer.hpp"
 #include "balancer/curve_fit.hpp"
 #include "balancer/state_io.hpp"
+#include "predictors/fleet.hpp"
 #include "predictors/predictor.hpp"
 
 namespace lbbsp::balancer {
@@ -254,7 +255,10 @@ class LbbspCpuBalancer final : public BalancerBase {
     const std::vector<double> speeds = clipped_speeds(report);
     BatchBounds bounds = bounds_for(&report);
     predicted_.resize(n());
-    for (size_t i = 0; i < n(); ++i) {
+    // Each worker's predictor state is independent: large fleets update in parallel (same results for any
+    // thread count), prefetching the state two workers ahead (thousands of states do not fit in cache).
+    predictors::for_each_worker(n(), [&](size_t i) {
+      if (i + 2 < n()) predictors_[i + 2]->prefetch();
       const WorkerReport& w = report.workers[i];
       predictors_[i]->observe(speeds[i], fit_exo(w.exo, cfg_.num_exo));
       if (!std::isnan(speeds[i]) && std::isfinite(w.capacity) && w.capacity > 0)
@@ -273,7 +277,7 @@ class LbbspCpuBalancer final : public BalancerBase {
       const bool tracked = std::isfinite(signal_base_[i]) && !std::isnan(cap_next);
       if (std::isnan(speeds[i]) && tracked) predicted_[i] = signal_base_[i] * cap_next;
       if (tracked) bounds.min[i] = std::min(cfg_.min_batch, bounds.max[i]);
-    }
+    });
     return assign_by_speed(predicted_, cfg_.global_batch, bounds);
   }
   std::vector<double> predicted_speeds() const override { return predicted_; }

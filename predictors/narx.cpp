@@ -4,6 +4,10 @@
 #include <cmath>
 #include <stdexcept>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 namespace lbbsp::predictors {
 namespace {
 
@@ -19,12 +23,12 @@ double clip(double v, double bound) {
 
 // tanh by a [7/6] Pade approximant clamped at +-4.97 (abs. error < 1e-4 everywhere): several times
 // cheaper than std::tanh and vectorisable; the NARX update cost is dominated by it otherwise.
-inline double fast_tanh(double x) {
-  x = std::clamp(x, -4.97, 4.97);
-  const double x2 = x * x;
-  const double num = x * (135135.0 + x2 * (17325.0 + x2 * (378.0 + x2)));
-  const double den = 135135.0 + x2 * (62370.0 + x2 * (3150.0 + 28.0 * x2));
-  return std::clamp(num / den, -1.0, 1.0);
+inline float fast_tanh(float x) {
+  x = std::min(std::max(x, -4.97f), 4.97f);
+  const float x2 = x * x;
+  const float num = x * (135135.0f + x2 * (17325.0f + x2 * (378.0f + x2)));
+  const float den = 135135.0f + x2 * (62370.0f + x2 * (3150.0f + 28.0f * x2));
+  return std::min(std::max(num / den, -1.0f), 1.0f);
 }
 
 void ew_update(double& mean, double& var, double value, int64_t count) {
@@ -33,6 +37,159 @@ void ew_update(double& mean, double& var, double value, int64_t count) {
   mean += a * delta;
   var = (1 - a) * (var + a * delta * delta);
 }
+
+// Per-thread scratch of the updates (not state): shared by every predictor a thread runs, so a fleet of
+// thousands keeps it in L1 instead of streaming a cold copy per worker; grown on demand, never shrunk.
+struct Scratch {
+  std::vector<float> grad, hid, dh;
+  std::vector<double> exo_clean;
+  std::vector<int> idx;
+  template <class T>
+  static T* fit(std::vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+  }
+  float* gradient(size_t n) {
+    float* g = fit(grad, n);
+    std::fill(g, g + n, 0.0f);
+    return g;
+  }
+  float* hidden(int h) {
+    fit(dh, static_cast<size_t>(h));
+    return fit(hid, static_cast<size_t>(h));
+  }
+  double* exo(int n) { return fit(exo_clean, static_cast<size_t>(n)); }
+  int* indices(int n) { return fit(idx, static_cast<size_t>(n)); }
+};
+
+Scratch& scratch() {
+  static thread_local Scratch s;
+  return s;
+}
+
+// The network kernels. W1 is input-major: each input adds a broadcast multiple of one contiguous row to all
+// hidden pre-activations (independent lanes, no reduction chain). Portable scalar versions for any width,
+// AVX2+FMA versions for widths that are multiples of 8 (the defaults) where the compiler targets them.
+inline float net_forward(const float* __restrict w, int n_in, int h, const float* __restrict x,
+                         float* __restrict hidden) {
+  const float* __restrict b1 = w + h * n_in;
+  const float* __restrict w2 = b1 + h;
+  for (int j = 0; j < h; ++j) hidden[j] = b1[j];
+  for (int i = 0; i < n_in; ++i) {
+    const float xi = x[i];
+    const float* __restrict row = w + i * h;
+    for (int j = 0; j < h; ++j) hidden[j] += row[j] * xi;
+  }
+  float out = w2[h];  // b2
+  for (int j = 0; j < h; ++j) {
+    hidden[j] = fast_tanh(hidden[j]);
+    out += w2[j] * hidden[j];
+  }
+  return out;
+}
+
+// One sample's squared-error gradient (times `weight`) added to grad (same layout as the parameters).
+inline void net_accumulate(const float* __restrict w, int n_in, int h, const float* __restrict x,
+                           float target, float weight, float* __restrict grad, float* __restrict hidden,
+                           float* __restrict dh) {
+  const float d_out = (net_forward(w, n_in, h, x, hidden) - target) * weight;
+  const float* __restrict w2 = w + h * n_in + h;
+  float* __restrict g_b1 = grad + h * n_in;
+  float* __restrict g_w2 = g_b1 + h;
+  g_w2[h] += d_out;
+  for (int j = 0; j < h; ++j) {
+    g_w2[j] += d_out * hidden[j];
+    dh[j] = d_out * w2[j] * (1 - hidden[j] * hidden[j]);
+    g_b1[j] += dh[j];
+  }
+  for (int i = 0; i < n_in; ++i) {
+    const float xi = x[i];
+    float* __restrict row = grad + i * h;
+    for (int j = 0; j < h; ++j) row[j] += xi * dh[j];
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline __m256 tanh8(__m256 x) {  // fast_tanh on 8 lanes
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-4.97f)), _mm256_set1_ps(4.97f));
+  const __m256 x2 = _mm256_mul_ps(x, x);
+  __m256 num = _mm256_add_ps(x2, _mm256_set1_ps(378.0f));
+  num = _mm256_fmadd_ps(x2, num, _mm256_set1_ps(17325.0f));
+  num = _mm256_fmadd_ps(x2, num, _mm256_set1_ps(135135.0f));
+  num = _mm256_mul_ps(x, num);
+  __m256 den = _mm256_fmadd_ps(x2, _mm256_set1_ps(28.0f), _mm256_set1_ps(3150.0f));
+  den = _mm256_fmadd_ps(x2, den, _mm256_set1_ps(62370.0f));
+  den = _mm256_fmadd_ps(x2, den, _mm256_set1_ps(135135.0f));
+  const __m256 t = _mm256_div_ps(num, den);
+  return _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-1.0f)), _mm256_set1_ps(1.0f));
+}
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// V blocks of 8 hidden units (h = 8 V); two accumulators per block halve the FMA dependency chain.
+template <int V>
+inline float simd_forward(const float* __restrict w, int n_in, const float* __restrict x,
+                          float* __restrict hidden) {
+  constexpr int h = 8 * V;
+  const float* b1 = w + h * n_in;
+  const float* w2 = b1 + h;
+  __m256 a0[V], a1[V];
+  for (int v = 0; v < V; ++v) {
+    a0[v] = _mm256_loadu_ps(b1 + 8 * v);
+    a1[v] = _mm256_setzero_ps();
+  }
+  int i = 0;
+  for (; i + 1 < n_in; i += 2) {
+    const __m256 xa = _mm256_set1_ps(x[i]), xb = _mm256_set1_ps(x[i + 1]);
+    for (int v = 0; v < V; ++v) {
+      a0[v] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i * h + 8 * v), xa, a0[v]);
+      a1[v] = _mm256_fmadd_ps(_mm256_loadu_ps(w + (i + 1) * h + 8 * v), xb, a1[v]);
+    }
+  }
+  if (i < n_in) {
+    const __m256 xa = _mm256_set1_ps(x[i]);
+    for (int v = 0; v < V; ++v) a0[v] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i * h + 8 * v), xa, a0[v]);
+  }
+  __m256 out = _mm256_setzero_ps();
+  for (int v = 0; v < V; ++v) {
+    const __m256 t = tanh8(_mm256_add_ps(a0[v], a1[v]));
+    _mm256_storeu_ps(hidden + 8 * v, t);
+    out = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + 8 * v), t, out);
+  }
+  return hsum8(out) + w2[h];
+}
+
+template <int V>
+inline void simd_accumulate(const float* __restrict w, int n_in, const float* __restrict x, float target,
+                            float weight, float* __restrict grad, float* __restrict hidden) {
+  constexpr int h = 8 * V;
+  const float d_out = (simd_forward<V>(w, n_in, x, hidden) - target) * weight;
+  const float* w2 = w + h * n_in + h;
+  float* g_b1 = grad + h * n_in;
+  float* g_w2 = g_b1 + h;
+  g_w2[h] += d_out;
+  const __m256 d = _mm256_set1_ps(d_out), one = _mm256_set1_ps(1.0f);
+  __m256 dh[V];
+  for (int v = 0; v < V; ++v) {
+    const __m256 t = _mm256_loadu_ps(hidden + 8 * v);
+    _mm256_storeu_ps(g_w2 + 8 * v, _mm256_fmadd_ps(d, t, _mm256_loadu_ps(g_w2 + 8 * v)));
+    dh[v] = _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(w2 + 8 * v)), _mm256_fnmadd_ps(t, t, one));
+    _mm256_storeu_ps(g_b1 + 8 * v, _mm256_add_ps(_mm256_loadu_ps(g_b1 + 8 * v), dh[v]));
+  }
+  for (int i = 0; i < n_in; ++i) {
+    const __m256 xi = _mm256_set1_ps(x[i]);
+    for (int v = 0; v < V; ++v) {
+      float* row = grad + i * h + 8 * v;
+      _mm256_storeu_ps(row, _mm256_fmadd_ps(xi, dh[v], _mm256_loadu_ps(row)));
+    }
+  }
+}
+#endif
 
 }  // namespace
 
@@ -48,24 +205,23 @@ NarxPredictor::NarxPredictor(const NarxOptions& o, int num_exo, uint64_t seed)
   if (!(o.sharp >= 0 && o.sharp <= 16)) throw std::invalid_argument("narx sharp must be in [0, 16]");
   if (num_exo < 0) throw std::invalid_argument("narx num_exo must be >= 0");
   const int n_in = num_inputs(), h = o.hidden;
-  params_.assign(num_params(), 0.0);
+  params_.assign(num_params(), 0.0f);
   const double w1_scale = 1.0 / std::sqrt(static_cast<double>(n_in));
-  for (int i = 0; i < h * n_in; ++i) params_[i] = w1_scale * rng_.normal();
+  for (int j = 0; j < h; ++j)
+    for (int i = 0; i < n_in; ++i) params_[i * h + j] = static_cast<float>(w1_scale * rng_.normal());
   const double w2_scale = 0.1 / std::sqrt(static_cast<double>(h));
-  for (int j = 0; j < h; ++j) params_[h * n_in + h + j] = w2_scale * rng_.normal();
-  adam_m_.assign(params_.size(), 0.0);
-  grad_.assign(params_.size(), 0.0);
-  hidden_.assign(o.hidden, 0.0);
-  adam_v_.assign(params_.size(), 0.0);
+  for (int j = 0; j < h; ++j) params_[h * n_in + h + j] = static_cast<float>(w2_scale * rng_.normal());
+  adam_m_.assign(params_.size(), 0.0f);
+  adam_v_.assign(params_.size(), 0.0f);
   exo_mean_.assign(num_exo, 0.0);
   exo_var_.assign(num_exo, 0.0);
   exo_count_.assign(num_exo, 0);
   y_lags_.assign(o.dy, 0.0);
   exo_lags_.assign(static_cast<size_t>(o.du) * num_exo, 0.0);
   recent_.assign(o.window, 0.0);
-  pending_x_.assign(n_in, 0.0);
-  buffer_x_.assign(static_cast<size_t>(o.window) * n_in, 0.0);
-  buffer_y_.assign(o.window, 0.0);
+  pending_x_.assign(n_in, 0.0f);
+  buffer_x_.assign(static_cast<size_t>(o.window) * n_in, 0.0f);
+  buffer_y_.assign(o.window, 0.0f);
 }
 
 // Inputs: dy speed lags, kEmas EMA levels (all relative to the base forecast, in units of the speed's std),
@@ -75,14 +231,6 @@ int NarxPredictor::num_inputs() const {
 }
 int NarxPredictor::num_params() const {
   return options_.hidden * (num_inputs() + 2) + 1;
-}
-
-std::vector<double> NarxPredictor::clean_exo(const std::vector<double>& exo) const {
-  std::vector<double> out(exo_mean_);  // missing or bad entries read as their running mean
-  if (static_cast<int>(exo.size()) != num_exo_) return out;
-  for (int k = 0; k < num_exo_; ++k)
-    if (std::isfinite(exo[k])) out[k] = exo[k];
-  return out;
 }
 
 void NarxPredictor::update_exo_stats(const std::vector<double>& exo) {
@@ -105,23 +253,17 @@ void NarxPredictor::blend_weights(double* w, int count) const {
   for (int i = 0; i < count; ++i) w[i] /= total;
 }
 
-double NarxPredictor::forward(const double* x, double* hidden) const {
+// One sample through the network; hidden receives the tanh activations.
+float NarxPredictor::forward(const float* x, float* hidden) const {
   const int n_in = num_inputs(), h = options_.hidden;
-  const double* w1 = params_.data();
-  const double* b1 = w1 + h * n_in;
-  const double* w2 = b1 + h;
-  double out = w2[h];  // b2
-  for (int j = 0; j < h; ++j) {
-    double a = b1[j];
-    const double* row = w1 + j * n_in;
-    for (int i = 0; i < n_in; ++i) a += row[i] * x[i];
-    hidden[j] = fast_tanh(a);
-    out += w2[j] * hidden[j];
-  }
-  return out;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (h == 8) return simd_forward<1>(params_.data(), n_in, x, hidden);
+  if (h == 16) return simd_forward<2>(params_.data(), n_in, x, hidden);
+#endif
+  return net_forward(params_.data(), n_in, h, x, hidden);
 }
 
-void NarxPredictor::prepare(const std::vector<double>& exo_next) {
+void NarxPredictor::prepare(const double* exo_next) {
   std::array<double, kCandidates> c{};
   c[0] = last_;
   for (int e = 0; e < kEmas; ++e) c[1 + e] = ema_[e];
@@ -131,40 +273,72 @@ void NarxPredictor::prepare(const std::vector<double>& exo_next) {
   for (int i = 0; i < kCandidates - 1; ++i) base += w[i] * c[i];
   // Scale: the speed's running std, floored relative to its level so near-constant series stay well posed.
   const double scale = std::max(std::sqrt(y_var_), 1e-3 * std::abs(y_mean_) + 1e-12);
-  double* x = pending_x_.data();
+  float* x = pending_x_.data();
   int at = 0;
-  for (int k = 0; k < options_.dy; ++k) x[at++] = clip((y_lags_[k] - base) / scale, kClipInput);
-  for (int e = 0; e < kEmas; ++e) x[at++] = clip((ema_[e] - base) / scale, kClipInput);
-  const std::vector<double> next = clean_exo(exo_next);
+  for (int k = 0; k < options_.dy; ++k)
+    x[at++] = static_cast<float>(clip((y_lags_[k] - base) / scale, kClipInput));
+  for (int e = 0; e < kEmas; ++e) x[at++] = static_cast<float>(clip((ema_[e] - base) / scale, kClipInput));
   auto put_exo = [&](const double* u) {
     for (int k = 0; k < num_exo_; ++k) {
       const double sd = std::sqrt(exo_var_[k]) + 1e-12 * std::abs(exo_mean_[k]) + 1e-300;
-      x[at++] = exo_var_[k] > 0 ? clip((u[k] - exo_mean_[k]) / sd, kClipInput) : 0.0;
+      x[at++] = exo_var_[k] > 0 ? static_cast<float>(clip((u[k] - exo_mean_[k]) / sd, kClipInput)) : 0.0f;
     }
   };
-  // Without values for the coming step, the last measured ones stand in (persistence).
-  const bool have_next = static_cast<int>(exo_next.size()) == num_exo_;
-  put_exo(have_next ? next.data() : (options_.du > 0 ? exo_lags_.data() : next.data()));
+  // Without values for the coming step, the last measured ones stand in (persistence); missing or bad
+  // entries read as their running mean.
+  const double* next = exo_mean_.data();
+  if (exo_next) {
+    double* clean = scratch().exo(num_exo_);
+    for (int k = 0; k < num_exo_; ++k) clean[k] = std::isfinite(exo_next[k]) ? exo_next[k] : exo_mean_[k];
+    next = clean;
+  } else if (options_.du > 0) {
+    next = exo_lags_.data();
+  }
+  put_exo(next);
   for (int l = 0; l < options_.du; ++l) put_exo(exo_lags_.data() + static_cast<size_t>(l) * num_exo_);
-  c[kCandidates - 1] = base + scale * forward(x, hidden_.data());
+  c[kCandidates - 1] = base + scale * static_cast<double>(forward(x, scratch().hidden(options_.hidden)));
   pending_candidates_ = c;
   pending_base_ = base;
   pending_scale_ = scale;
   pending_ = true;
+  stale_ = false;
 }
 
 void NarxPredictor::observe(double speed, const std::vector<double>& exo) {
+  if (stale_) prepare(nullptr);  // no predict() since the last observation: score the persistence forecast
+  const bool good = is_good_speed(speed);
+  int batch = 0, steps = 0, steps_per_draw = 1, drawn = 0;
+  if (good && pending_ && good_ > 0) {
+    // The scored step joins the training window.
+    const int n_in = num_inputs();
+    std::copy(pending_x_.begin(), pending_x_.end(),
+              buffer_x_.begin() + static_cast<size_t>(buffer_head_) * n_in);
+    buffer_y_[buffer_head_] = static_cast<float>(clip((speed - pending_base_) / pending_scale_, kClipInput));
+    buffer_head_ = (buffer_head_ + 1) % options_.window;
+    buffer_count_ = std::min(buffer_count_ + 1, options_.window);
+  }
+  if (good) {
+    // Draw this observation's training batches first (the same random sequence as drawing them step by
+    // step: the window does not change while training) and prefetch their rows: with thousands of workers
+    // the window is rarely in cache, and the misses then overlap with the bookkeeping below.
+    batch = std::min(options_.batch, buffer_count_);
+    steps = buffer_count_ > 0 ? options_.epochs : 0;
+    steps_per_draw = std::max(1, kMaxDrawn / std::max(batch, 1));
+    drawn = std::min(steps, steps_per_draw);
+    draw_batches(drawn, batch);
+  }
   update_exo_stats(exo);
-  const std::vector<double> u = clean_exo(exo);
-  if (options_.du > 0) {
+  if (options_.du > 0 && num_exo_ > 0) {
     std::copy_backward(exo_lags_.begin(), exo_lags_.end() - num_exo_, exo_lags_.end());
-    std::copy(u.begin(), u.end(), exo_lags_.begin());
+    const bool sized = static_cast<int>(exo.size()) == num_exo_;
+    for (int k = 0; k < num_exo_; ++k)  // missing or bad entries read as their running mean
+      exo_lags_[k] = sized && std::isfinite(exo[k]) ? exo[k] : exo_mean_[k];
   }
   std::copy_backward(y_lags_.begin(), y_lags_.end() - 1, y_lags_.end());
-  if (!is_good_speed(speed)) {
+  if (!good) {
     // Missing step: the lag slot gets our own forecast; nothing is learned or scored.
     y_lags_[0] = good_ > 0 ? (last_prediction_ > 0 ? last_prediction_ : last_) : 0.0;
-    if (good_ > 0) prepare({});
+    stale_ = good_ > 0;
     return;
   }
   y_lags_[0] = speed;
@@ -173,85 +347,142 @@ void NarxPredictor::observe(double speed, const std::vector<double>& exo) {
       const double err = pending_candidates_[i] - speed;
       mse_[i] += std::max(1.0 / static_cast<double>(good_), kMseAlpha) * (err * err - mse_[i]);
     }
-    const int n_in = num_inputs();
-    std::copy(pending_x_.begin(), pending_x_.end(),
-              buffer_x_.begin() + static_cast<size_t>(buffer_head_) * n_in);
-    buffer_y_[buffer_head_] = clip((speed - pending_base_) / pending_scale_, kClipInput);
-    buffer_head_ = (buffer_head_ + 1) % options_.window;
-    buffer_count_ = std::min(buffer_count_ + 1, options_.window);
   }
   ++good_;
   if (good_ == 1) {
     std::fill(y_lags_.begin(), y_lags_.end(), speed);
     ema_.fill(speed);
     std::fill(recent_.begin(), recent_.end(), speed);
+    recent_lo_ = recent_hi_ = speed;
   }
   ew_update(y_mean_, y_var_, speed, good_);
   last_ = speed;
   for (int e = 0; e < kEmas; ++e) ema_[e] += kEmaAlphas[e] * (speed - ema_[e]);
+  const double evicted = recent_[recent_head_];
   recent_[recent_head_] = speed;
   recent_head_ = (recent_head_ + 1) % options_.window;
-  for (int s = 0; s < options_.epochs && buffer_count_ > 0; ++s) train_step();
-  prepare({});
+  if (evicted == recent_lo_ || evicted == recent_hi_) {
+    update_band();  // the old extreme may have left the window
+  } else {
+    recent_lo_ = std::min(recent_lo_, speed);
+    recent_hi_ = std::max(recent_hi_, speed);
+  }
+  for (int s = 0, at = 0; s < steps; ++s, ++at) {
+    if (at == drawn) {  // more steps than kMaxDrawn samples: draw the next group
+      drawn = std::min(steps - s, steps_per_draw);
+      draw_batches(drawn, batch);
+      at = 0;
+    }
+    train_step(scratch().idx.data() + static_cast<size_t>(at) * batch, batch);
+  }
+  stale_ = true;
 }
 
-void NarxPredictor::train_step() {
-  const int n_in = num_inputs(), h = options_.hidden;
+void NarxPredictor::draw_batches(int steps, int batch) {
+  // The newest sample is always in a batch; the rest are drawn from the window.
+  const int n_in = num_inputs();
   const int newest = (buffer_head_ + options_.window - 1) % options_.window;
-  const int batch = std::min(options_.batch, buffer_count_);
-  std::vector<double>& grad = grad_;
-  std::fill(grad.begin(), grad.end(), 0.0);
-  double* hidden = hidden_.data();
-  double* g_w1 = grad.data();
-  double* g_b1 = g_w1 + h * n_in;
-  double* g_w2 = g_b1 + h;
-  const double* w2 = params_.data() + h * n_in + h;
+  int* idx = scratch().indices(steps * batch);
+  for (int k = 0; k < steps * batch; ++k) {
+    idx[k] =
+        k % batch == 0
+            ? newest
+            : static_cast<int>((newest + options_.window - rng_.below_fast(buffer_count_)) % options_.window);
+    __builtin_prefetch(buffer_x_.data() + static_cast<size_t>(idx[k]) * n_in);
+  }
+}
+
+void NarxPredictor::train_step(const int* idx, int batch) {
+  const int n_in = num_inputs(), h = options_.hidden;
+  Scratch& sc = scratch();
+  float* __restrict grad = sc.gradient(params_.size());
+  float* hidden = sc.hidden(h);
+  float* dh = sc.dh.data();
+  const float weight = 1.0f / static_cast<float>(batch);
+  const float* w = params_.data();
   for (int b = 0; b < batch; ++b) {
-    // The newest sample is always in the batch; the rest are drawn from the window.
-    const int idx =
-        b == 0 ? newest
-               : static_cast<int>((newest + options_.window - rng_.below(buffer_count_)) % options_.window);
-    const double* x = buffer_x_.data() + static_cast<size_t>(idx) * n_in;
-    const double d_out = (forward(x, hidden) - buffer_y_[idx]) / batch;
-    g_w2[h] += d_out;
-    for (int j = 0; j < h; ++j) {
-      g_w2[j] += d_out * hidden[j];
-      const double dh = d_out * w2[j] * (1 - hidden[j] * hidden[j]);
-      g_b1[j] += dh;
-      double* row = g_w1 + j * n_in;
-      for (int i = 0; i < n_in; ++i) row[i] += dh * x[i];
+    const float* x = buffer_x_.data() + static_cast<size_t>(idx[b]) * n_in;
+    const float y = buffer_y_[idx[b]];
+#if defined(__AVX2__) && defined(__FMA__)
+    if (h == 8) {
+      simd_accumulate<1>(w, n_in, x, y, weight, grad, hidden);
+      continue;
     }
+    if (h == 16) {
+      simd_accumulate<2>(w, n_in, x, y, weight, grad, hidden);
+      continue;
+    }
+#endif
+    net_accumulate(w, n_in, h, x, y, weight, grad, hidden, dh);
   }
   ++adam_steps_;
-  const double b1 = 0.9, b2 = 0.999;
-  // Bias corrections; past ~10^4 steps they are 1 to double precision, so skip the pow there.
-  const double c1 = adam_steps_ > 10000 ? 1.0 : 1 - std::pow(b1, static_cast<double>(adam_steps_));
-  const double c2 = adam_steps_ > 100000 ? 1.0 : 1 - std::pow(b2, static_cast<double>(adam_steps_));
-  const double step = options_.lr * std::sqrt(c2) / c1;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const double g = grad[i] + kWeightDecay * params_[i];
-    adam_m_[i] = b1 * adam_m_[i] + (1 - b1) * g;
-    adam_v_[i] = b2 * adam_v_[i] + (1 - b2) * g * g;
-    params_[i] -= step * adam_m_[i] / (std::sqrt(adam_v_[i]) + 1e-8);
+  // Bias corrections from the running powers b1^t, b2^t (no pow per step).
+  adam_b1t_ = adam_b1t_ < 1e-30 ? 0.0 : adam_b1t_ * 0.9;  // flushed to 0 before it turns denormal
+  adam_b2t_ = adam_b2t_ < 1e-30 ? 0.0 : adam_b2t_ * 0.999;
+  const double c1 = 1 - adam_b1t_, c2 = 1 - adam_b2t_;
+  const float step = static_cast<float>(options_.lr * std::sqrt(c2) / c1);
+  const float fb1 = 0.9f, fb2 = 0.999f, decay = static_cast<float>(kWeightDecay);
+  float* __restrict p = params_.data();
+  float* __restrict m = adam_m_.data();
+  float* __restrict v = adam_v_.data();
+  const size_t count = params_.size();
+  for (size_t i = 0; i < count; ++i) {
+    const float g = grad[i] + decay * p[i];
+    m[i] = fb1 * m[i] + (1 - fb1) * g;
+    v[i] = fb2 * v[i] + (1 - fb2) * g * g;
+    p[i] -= step * m[i] / (std::sqrt(v[i]) + 1e-8f);
   }
+}
+
+namespace {
+template <class T>
+void prefetch_all(const std::vector<T>& v) {
+  const char* p = reinterpret_cast<const char*>(v.data());
+  for (size_t at = 0; at < v.size() * sizeof(T); at += 64) __builtin_prefetch(p + at);
+}
+}  // namespace
+
+void NarxPredictor::prefetch() const {
+  // Everything an update reads in full (the window rows are prefetched when the batches are drawn).
+  const char* self = reinterpret_cast<const char*>(this);
+  for (size_t at = 0; at < sizeof(*this); at += 64) __builtin_prefetch(self + at);
+  prefetch_all(params_);
+  prefetch_all(adam_m_);
+  prefetch_all(adam_v_);
+  prefetch_all(recent_);
+  prefetch_all(buffer_y_);
+  prefetch_all(y_lags_);
+  prefetch_all(exo_lags_);
+  prefetch_all(exo_mean_);
+  prefetch_all(exo_var_);
+  prefetch_all(exo_count_);
+  prefetch_all(pending_x_);
+}
+
+void NarxPredictor::update_band() {
+  auto [lo, hi] = std::minmax_element(recent_.begin(), recent_.end());
+  recent_lo_ = *lo;
+  recent_hi_ = *hi;
 }
 
 double NarxPredictor::predict(const std::vector<double>& exo_next) {
   if (good_ == 0) return kDefaultSpeed;
-  if (static_cast<int>(exo_next.size()) == num_exo_ && num_exo_ > 0) prepare(exo_next);
+  if (static_cast<int>(exo_next.size()) == num_exo_ && num_exo_ > 0)
+    prepare(exo_next.data());
+  else if (stale_)
+    prepare(nullptr);
   double w[kCandidates];
   blend_weights(w, kCandidates);
   double y = 0;
   for (int i = 0; i < kCandidates; ++i) y += w[i] * pending_candidates_[i];
-  auto [lo, hi] = std::minmax_element(recent_.begin(), recent_.end());
   // Within a band around recently seen speeds (lo > 0: only good speeds enter recent_).
-  y = std::isfinite(y) ? std::clamp(y, 0.5 * *lo, 1.5 * *hi) : last_;
+  y = std::isfinite(y) ? std::clamp(y, 0.5 * recent_lo_, 1.5 * recent_hi_) : last_;
   last_prediction_ = y;
   return y;
 }
 
 std::string NarxPredictor::save_state() const {
-  StateWriter w("narx/1");
+  StateWriter w("narx/2");
   w.put(options_.dy);
   w.put(options_.du);
   w.put(options_.hidden);
@@ -266,6 +497,8 @@ std::string NarxPredictor::save_state() const {
   w.put_vector(adam_m_);
   w.put_vector(adam_v_);
   w.put(adam_steps_);
+  w.put(adam_b1t_);
+  w.put(adam_b2t_);
   w.put(good_);
   w.put(y_mean_);
   w.put(y_var_);
@@ -280,6 +513,7 @@ std::string NarxPredictor::save_state() const {
   w.put(recent_head_);
   w.put(mse_);
   w.put(pending_);
+  w.put(stale_);
   w.put_vector(pending_x_);
   w.put(pending_candidates_);
   w.put(pending_base_);
@@ -292,8 +526,38 @@ std::string NarxPredictor::save_state() const {
   return w.str();
 }
 
+namespace {
+
+template <class T>
+void same_size(std::vector<T>& dst, std::vector<T>&& src) {
+  if (src.size() != dst.size()) throw std::invalid_argument("narx state has inconsistent sizes");
+  dst = std::move(src);
+}
+
+// narx/1 kept the network in double with W1 hidden-major (hidden x inputs).
+void same_size_net(std::vector<float>& dst, const std::vector<double>& src, int n_in, int h) {
+  if (src.size() != dst.size()) throw std::invalid_argument("narx state has inconsistent sizes");
+  for (int j = 0; j < h; ++j)
+    for (int i = 0; i < n_in; ++i) dst[i * h + j] = static_cast<float>(src[j * n_in + i]);
+  for (size_t k = static_cast<size_t>(h) * n_in; k < src.size(); ++k) dst[k] = static_cast<float>(src[k]);
+}
+
+template <class Alloc>
+void same_size_float(std::vector<float, Alloc>& dst, const std::vector<double>& src) {
+  if (src.size() != dst.size()) throw std::invalid_argument("narx state has inconsistent sizes");
+  for (size_t k = 0; k < src.size(); ++k) dst[k] = static_cast<float>(src[k]);
+}
+
+bool has_tag(const std::string& state, const std::string& tag) {
+  const std::string prefix = StateWriter(tag).str();
+  return state.compare(0, prefix.size(), prefix) == 0;
+}
+
+}  // namespace
+
 void NarxPredictor::load_state(const std::string& state) {
-  StateReader r(state, "narx/1");
+  const bool v1 = has_tag(state, "narx/1");
+  StateReader r(state, v1 ? "narx/1" : "narx/2");
   NarxOptions o;
   o.dy = r.get<int>();
   o.du = r.get<int>();
@@ -305,15 +569,25 @@ void NarxPredictor::load_state(const std::string& state) {
   o.sharp = r.get<double>();
   const int num_exo = r.get<int>();
   NarxPredictor p(o, num_exo, 0);  // validates options and sizes every buffer
+  const int n_in = p.num_inputs(), h = o.hidden;
   p.rng_.set_state(r.get<uint64_t>());
-  auto same_size = [](std::vector<auto>& dst, auto&& src) {
-    if (src.size() != dst.size()) throw std::invalid_argument("narx state has inconsistent sizes");
-    dst = std::move(src);
-  };
-  same_size(p.params_, r.get_vector<double>());
-  same_size(p.adam_m_, r.get_vector<double>());
-  same_size(p.adam_v_, r.get_vector<double>());
+  if (v1) {
+    same_size_net(p.params_, r.get_vector<double>(), n_in, h);
+    same_size_net(p.adam_m_, r.get_vector<double>(), n_in, h);
+    same_size_net(p.adam_v_, r.get_vector<double>(), n_in, h);
+  } else {
+    same_size(p.params_, r.get_vector<float>());
+    same_size(p.adam_m_, r.get_vector<float>());
+    same_size(p.adam_v_, r.get_vector<float>());
+  }
   p.adam_steps_ = r.get<int64_t>();
+  if (v1) {
+    p.adam_b1t_ = std::pow(0.9, static_cast<double>(p.adam_steps_));
+    p.adam_b2t_ = std::pow(0.999, static_cast<double>(p.adam_steps_));
+  } else {
+    p.adam_b1t_ = r.get<double>();
+    p.adam_b2t_ = r.get<double>();
+  }
   p.good_ = r.get<int64_t>();
   p.y_mean_ = r.get<double>();
   p.y_var_ = r.get<double>();
@@ -328,16 +602,28 @@ void NarxPredictor::load_state(const std::string& state) {
   p.recent_head_ = r.get<int>();
   p.mse_ = r.get<std::array<double, kCandidates>>();
   p.pending_ = r.get<bool>();
-  same_size(p.pending_x_, r.get_vector<double>());
+  p.stale_ = v1 ? false : r.get<bool>();
+  if (v1)
+    same_size_float(p.pending_x_, r.get_vector<double>());
+  else
+    same_size(p.pending_x_, r.get_vector<float>());
   p.pending_candidates_ = r.get<std::array<double, kCandidates>>();
   p.pending_base_ = r.get<double>();
   p.pending_scale_ = r.get<double>();
   p.last_prediction_ = r.get<double>();
-  same_size(p.buffer_x_, r.get_vector<double>());
-  same_size(p.buffer_y_, r.get_vector<double>());
+  if (v1) {
+    same_size_float(p.buffer_x_, r.get_vector<double>());
+    same_size_float(p.buffer_y_, r.get_vector<double>());
+  } else {
+    const std::vector<float> rows = r.get_vector<float>();
+    if (rows.size() != p.buffer_x_.size()) throw std::invalid_argument("narx state has inconsistent sizes");
+    p.buffer_x_.assign(rows.begin(), rows.end());
+    same_size(p.buffer_y_, r.get_vector<float>());
+  }
   p.buffer_count_ = r.get<int>();
   p.buffer_head_ = r.get<int>();
   r.finish();
+  p.update_band();
   if (p.recent_head_ < 0 || p.recent_head_ >= p.options_.window || p.buffer_head_ < 0 ||
       p.buffer_head_ >= p.options_.window || p.buffer_count_ < 0 || p.buffer_count_ > p.options_.window)
     throw std::invalid_argument("narx state has out-of-range indices");

@@ -38,25 +38,35 @@ class NarxPredictor final : public Predictor {
   double predict(const std::vector<double>& exo_next) override;
   std::string save_state() const override;
   void load_state(const std::string& state) override;
+  void prefetch() const override;
   const NarxOptions& options() const { return options_; }
 
  private:
   static constexpr int kEmas = 3;
   static constexpr int kCandidates = 2 + kEmas;  // last, EMAs, network
+  static constexpr int kMaxDrawn = 64;           // batch indices drawn ahead at most
   int num_inputs() const;
   int num_params() const;
-  std::vector<double> clean_exo(const std::vector<double>& exo) const;
   void update_exo_stats(const std::vector<double>& exo);
-  void prepare(const std::vector<double>& exo_next);  // fills pending_* for the coming step
-  double forward(const double* x, double* hidden) const;
-  void train_step();
+  // Fills pending_* for the coming step (exo_next: its exogenous values, or null for persistence).
+  void prepare(const double* exo_next);
+  float forward(const float* x, float* hidden) const;
+  void update_band();
+  void draw_batches(int steps,
+                    int batch);  // fills the scratch indices with `steps` batches, prefetches their rows
+  void train_step(const int* idx, int batch);
   void blend_weights(double* w, int count) const;
 
   NarxOptions options_;
   int num_exo_;
   Rng rng_;
-  std::vector<double> params_, adam_m_, adam_v_;  // W1 (hidden x inputs), b1, w2, b2
+  // The network is single precision (inputs and targets are normalised and clipped to +-6, so float loses
+  // nothing that matters and halves the memory a fleet of thousands streams through each iteration).
+  // Layout: W1 input-major (inputs x hidden, so a forward pass is `hidden` independent FMA lanes), b1, w2,
+  // b2.
+  std::vector<float> params_, adam_m_, adam_v_;
   int64_t adam_steps_ = 0;
+  double adam_b1t_ = 1, adam_b2t_ = 1;  // 0.9^adam_steps_, 0.999^adam_steps_
 
   int64_t good_ = 0;  // good observations so far
   double y_mean_ = 0, y_var_ = 0, last_ = 0;
@@ -67,17 +77,19 @@ class NarxPredictor final : public Predictor {
   std::vector<double> exo_lags_;  // du blocks of num_exo, most recent first
   std::vector<double> recent_;    // ring of recent good speeds (for the clip band)
   int recent_head_ = 0;
+  double recent_lo_ = 0, recent_hi_ = 0;  // min and max of recent_ (derived, not saved)
   std::array<double, kCandidates> mse_{};
 
-  // The coming step's inputs and candidate forecasts, scored when its speed arrives.
-  bool pending_ = false;
-  std::vector<double> pending_x_;
+  // The coming step's inputs and candidate forecasts, scored when its speed arrives. After an observation
+  // they are stale until predict() (or the next observe()) prepares them: one forward pass per step, not two.
+  bool pending_ = false, stale_ = false;
+  std::vector<float> pending_x_;
   std::array<double, kCandidates> pending_candidates_{};
   double pending_base_ = 0, pending_scale_ = 1, last_prediction_ = 0;
 
-  std::vector<double> buffer_x_, buffer_y_;  // ring of (inputs, residual target)
+  std::vector<float, CacheAligned<float>> buffer_x_;  // ring of (inputs, residual target)
+  std::vector<float> buffer_y_;
 
-  std::vector<double> grad_, hidden_;  // scratch (not state): no allocation per update
   int buffer_count_ = 0, buffer_head_ = 0;
 };
 

@@ -17,6 +17,10 @@ class Predictor {
   // Speed expected at step t+1, given the exogenous inputs already known for it (may be empty).
   // Always finite and > 0.
   virtual double predict(const std::vector<double>& exo_next) = 0;
+  // A hint that observe()/predict() on this state come next: starts loading the state into cache (a fleet of
+  // thousands of workers does not fit in cache; a caller looping over them prefetches the next one).
+  // Changes nothing observable.
+  virtual void prefetch() const {}
   // Oracle only: the true speed of the coming step (others ignore it).
   virtual void set_truth(double /*next_speed*/) {}
   // Opaque state for checkpoints: restore(save()) continues identically.

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -24,8 +25,8 @@ class StateWriter {
   template <class T>
   requires std::is_trivially_copyable_v<T>
   void put(const T& value) { out_.append(reinterpret_cast<const char*>(&value), sizeof(T)); }
-  template <class T>
-  void put_vector(const std::vector<T>& v) {
+  template <class T, class Alloc>
+  void put_vector(const std::vector<T, Alloc>& v) {
     put<uint64_t>(v.size());
     for (const T& x : v) put(x);
   }
@@ -80,6 +81,22 @@ class StateReader {
   size_t pos_ = 0;
 };
 
+// Cache-line aligned storage (a NARX window row of 16 floats is then one line, not two).
+template <class T>
+struct CacheAligned {
+  using value_type = T;
+  static constexpr std::align_val_t kAlign{64};
+  CacheAligned() = default;
+  template <class U>
+  CacheAligned(const CacheAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }
+  template <class U>
+  bool operator==(const CacheAligned<U>&) const {
+    return true;
+  }
+};
+
 // splitmix64: tiny, portable and fully determined by one 64-bit word (easy to checkpoint).
 class Rng {
  public:
@@ -98,6 +115,10 @@ class Rng {
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
   uint64_t below(uint64_t n) { return n ? next() % n : 0; }
+  // Like below(n) by a multiply-shift instead of a division (Lemire): a few times cheaper, bias < n / 2^64.
+  uint64_t below_fast(uint64_t n) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64);
+  }
   uint64_t state() const { return state_; }
   void set_state(uint64_t s) { state_ = s; }
 
