@@ -159,7 +159,7 @@ std::vector<EvalSeries> series_from_traces(const std::vector<TraceSeries>& trace
   return out;
 }
 
-std::vector<EvalSeries> series_from_telemetry(const std::string& run_dir) {
+std::vector<EvalSeries> series_from_telemetry(const std::string& run_dir, TelemetryExo mode) {
   const std::string file = (std::filesystem::path(run_dir) / "telemetry.h5").string();
   if (!std::filesystem::exists(file)) throw std::runtime_error(file + ": no such telemetry file");
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);  // we report errors ourselves, naming the file
@@ -192,8 +192,13 @@ std::vector<EvalSeries> series_from_telemetry(const std::string& run_dir) {
     for (size_t j = 0; j < rows.size(); ++j) {
       s.speed.push_back(speed[rows[j]]);
       for (int k = 0; k < 3; ++k) s.exo.push_back(exo[k][rows[j]]);
-      // Measured at the barrier before the next iteration, so known when predicting it.
-      for (int k = 0; k < 3; ++k) s.exo_next.push_back(j + 1 < rows.size() ? exo[k][rows[j + 1]] : NAN);
+      if (mode == TelemetryExo::kBarrier) {
+        // Measured at the barrier after iteration j: the newest values known before iteration j+1.
+        for (int k = 0; k < 3; ++k) s.exo_next.push_back(exo[k][rows[j]]);
+      } else {
+        // The next row's values, known before the next iteration by that convention.
+        for (int k = 0; k < 3; ++k) s.exo_next.push_back(j + 1 < rows.size() ? exo[k][rows[j + 1]] : NAN);
+      }
     }
     out.push_back(std::move(s));
   }

@@ -42,9 +42,22 @@ struct EvalReport {
 // Raw traces: speed = capacity; exo = the trace's other columns, lagged (nothing from the predicted step).
 std::vector<EvalSeries> series_from_traces(const std::vector<TraceSeries>& traces);
 
+// Which telemetry values were known before an iteration started.
+enum class TelemetryExo {
+  // What `lbbsp train` records and its balancer uses: row t's cpu_avail, mem_avail, load are measured at the
+  // barrier right after iteration t's compute, so they are the newest values known before iteration t+1
+  // (the predictor observes them with step t's speed and gets them again as the coming step's inputs).
+  kBarrier,
+  // Row t's values describe iteration t itself and were known before it started (the coming step's exo =
+  // the next row's values). Telemetry written by other tools with that convention; for `lbbsp train` runs
+  // it would hand the predictor values measured after the predicted iteration's compute.
+  kNextRow,
+};
+
 // RUN_DIR/telemetry.h5 (/records/{iteration,rank,actual_speed,cpu_avail,mem_avail,load}): one series per rank
-// sorted by iteration; exo = cpu_avail, mem_avail, load; the coming step's exo = the next row's values.
-std::vector<EvalSeries> series_from_telemetry(const std::string& run_dir);
+// sorted by iteration; exo = cpu_avail, mem_avail, load; the coming step's exo by `mode`.
+std::vector<EvalSeries> series_from_telemetry(const std::string& run_dir,
+                                              TelemetryExo mode = TelemetryExo::kNextRow);
 
 // Every series through every predictor (fresh state per series); the default "ema" is always run too as the
 // reference for rmse_vs_ema. Throws std::invalid_argument on a bad predictor spec.

@@ -11,7 +11,8 @@ namespace lbbsp::cli {
 
 void add_predict_eval_command(CLI::App& app) {
   struct Args {
-    std::string traces, telemetry, predictors = "narx,arima,ema,last", format = "md";
+    std::string traces, telemetry, predictors = "narx,arima,ema,last", format = "md",
+                                   telemetry_exo = "barrier";
     size_t max_series = 0, max_steps = 0;
     uint64_t seed = 1;
   };
@@ -34,6 +35,13 @@ void add_predict_eval_command(CLI::App& app) {
   cmd->add_option("--format", args->format, "Output format")
       ->check(CLI::IsMember({"md", "csv", "json"}))
       ->capture_default_str();
+  cmd->add_option("--telemetry-exo", args->telemetry_exo,
+                  "With --telemetry: 'barrier' (as `lbbsp train` records them: a row's cpu_avail, mem_avail, "
+                  "load were measured after its iteration's compute, the newest values known before the next "
+                  "iteration, which is what the balancer's predictor gets) or 'next-row' (a row's values "
+                  "describe its own iteration and were known before it)")
+      ->check(CLI::IsMember({"barrier", "next-row"}))
+      ->capture_default_str();
   cmd->add_option("--max-series", args->max_series, "Evaluate at most N series (0: all)");
   cmd->add_option("--max-steps", args->max_steps, "Replay at most N steps of each series (0: all)");
   cmd->add_option("--seed", args->seed, "Seed of the predictors")->capture_default_str();
@@ -45,7 +53,9 @@ void add_predict_eval_command(CLI::App& app) {
     options.max_series = args->max_series;
     options.max_steps = args->max_steps;
     options.seed = args->seed;
-    auto series = args->traces.empty() ? runtime::series_from_telemetry(args->telemetry)
+    const auto exo_mode =
+        args->telemetry_exo == "barrier" ? runtime::TelemetryExo::kBarrier : runtime::TelemetryExo::kNextRow;
+    auto series = args->traces.empty() ? runtime::series_from_telemetry(args->telemetry, exo_mode)
                                        : runtime::series_from_traces(runtime::load_traces(args->traces));
     auto report = runtime::evaluate(series, options);
     std::fputs(runtime::format_report(report, args->format).c_str(), stdout);
