@@ -102,6 +102,9 @@ def mode_config(a):
     cfg["target2"] = a.target2 if a.target2 is not None else round(cfg["target"] - 0.02, 4)
     if a.full:
         cfg["cnn"] = True
+    if a.lr_schedule != "constant" and cfg["peer"] and not a.no_peer:
+        log("experiment.py: no PyTorch DDP peer with --lr-schedule cosine (the peer's schedule is constant)")
+        cfg["peer"] = False
     if a.scenarios:
         keep = a.scenarios.split(",")
         cfg["scenarios"] = {k: v for k, v in cfg["scenarios"].items() if k in keep}
@@ -128,12 +131,20 @@ def mpirun_env():
     return env
 
 
+def train_samples(path):
+    with h5py.File(path, "r") as f:
+        return int(f["train/labels"].shape[0])
+
+
 def train_cmd(a, cfg, model, straggle, balancer, run_dir, iterations, target):
     bal, pred = BALANCERS[balancer]
+    gb = cfg["global_batch"] if model == "mlp" else a.cnn_global_batch
+    # --lr-schedule cosine: the schedule ends at the iteration cap (its epochs = the cap's epochs, rounded up)
+    epochs = math.ceil(iterations * gb / train_samples(a.data)) if a.lr_schedule == "cosine" else 100
     cmd = ["mpirun", "-n", str(cfg["ranks"]), "--oversubscribe", "--bind-to", "none", a.lbbsp, "train",
-           "--data", a.data, "--model", model, "--global-batch", str(cfg["global_batch"] if model == "mlp"
-                                                                       else a.cnn_global_batch),
-           "--lr", str(cfg["lr"] if model == "mlp" else 0.05), "--momentum", "0.9", "--epochs", "100",
+           "--data", a.data, "--model", model, "--global-batch", str(gb),
+           "--lr", str(cfg["lr"] if model == "mlp" else 0.05), "--momentum", "0.9", "--epochs", str(epochs),
+           "--lr-schedule", a.lr_schedule,
            "--max-iterations", str(iterations), "--seed", "1", "--balancer", bal, "--straggle", straggle,
            "--lag", str(a.lag), "--eval-every", str(cfg["eval_every"]), "--test-subset", str(cfg["test_subset"]),
            "--quiet", "--log-dir", run_dir, "--summary-json", os.path.join(run_dir, "summary.json")]
@@ -293,12 +304,14 @@ def write_tables(a, cfg, rows, scen_specs, commands):
             w.writerow(["" if r.get(c) is None else r.get(c) for c in cols])
     lines = [f"# LB-BSP experiment ({cfg['mode']} mode, {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC)", "",
              f"{cfg['ranks']} ranks under mpirun on {os.cpu_count()} cores (oversubscribed), MLP 784-256-128-10 on "
-             f"Fashion-MNIST, global batch {cfg['global_batch']}, lr {cfg['lr']} momentum 0.9, "
+             f"Fashion-MNIST, global batch {cfg['global_batch']}, lr {cfg['lr']} ({a.lr_schedule}) momentum 0.9, "
              f"{cfg['iterations']} iterations ({cfg['gpu_iterations']} for gpu-emu), --lag {a.lag}, "
              f"evaluation every {cfg['eval_every']} iterations on {cfg['test_subset']} test samples; "
              f"time to target = training time (no evaluation time) to the first evaluation at >= {cfg['target']} "
              f"test accuracy (and, from the same accuracy curve, >= {cfg['target2']}). "
-             f"{cfg['repeats']} repeat(s) per cell (mean; min-max of the mean iteration time in brackets).", "",
+             f"{cfg['repeats']} repeat(s) per cell (mean; min-max of the mean iteration time in brackets)." +
+             (f" static-cnn: the CNN, global batch {a.cnn_global_batch}, lr 0.05, target 0.89, static scenario."
+              if cfg.get("cnn") else ""), "",
              "Scenarios:", ""]
     for k, v in scen_specs.items():
         lines.append(f"- **{k}**: `{v}`")
@@ -448,6 +461,8 @@ def main():
     ap.add_argument("--cnn-global-batch", type=int, default=256)
     ap.add_argument("--trace-slope", type=float, default=0.0006, help="the same for the trace scenario")
     ap.add_argument("--lr", type=float, default=0.2)
+    ap.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
+                    help="cosine decays to 0 at --iterations (for time-to-accuracy runs)")
     ap.add_argument("--lag", type=int, default=0)
     ap.add_argument("--min-batch", type=int, default=None)
     ap.add_argument("--trace-scale", type=float, default=2.0)
@@ -513,8 +528,9 @@ def main():
         cfg_cnn = dict(cfg, target=0.89)
         runs["static-cnn"] = {}
         for b in ["bsp", "lbbsp-cpu/narx", "oracle"]:
-            s = run_train(a, cfg_cnn, "static-cnn", "cnn", cfg["scenarios"]["static"]["straggle"], b, 0,
-                          a.iterations or 1500, 0.89)
+            s = (load_run(a, "static-cnn", b, 0) if a.rebuild
+                 else run_train(a, cfg_cnn, "static-cnn", "cnn", cfg["scenarios"]["static"]["straggle"], b, 0,
+                                a.iterations or 1500, 0.89))
             runs["static-cnn"][b] = [s]
             if s:
                 log(f"[{time.time() - t0:6.0f} s] static-cnn {b:16s} iter {s['mean_iteration_s']*1000:7.1f} ms"
