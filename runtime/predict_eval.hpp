@@ -57,7 +57,7 @@ enum class TelemetryExo {
 // RUN_DIR/telemetry.h5 (/records/{iteration,rank,actual_speed,cpu_avail,mem_avail,load}): one series per rank
 // sorted by iteration; exo = cpu_avail, mem_avail, load; the coming step's exo by `mode`.
 std::vector<EvalSeries> series_from_telemetry(const std::string& run_dir,
-                                              TelemetryExo mode = TelemetryExo::kNextRow);
+                                              TelemetryExo mode = TelemetryExo::kBarrier);
 
 // Every series through every predictor (fresh state per series); the default "ema" is always run too as the
 // reference for rmse_vs_ema. Throws std::invalid_argument on a bad predictor spec.

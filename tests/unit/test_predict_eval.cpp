@@ -126,9 +126,31 @@ TEST(PredictEval, TracesBecomeLaggedSeries) {
   EXPECT_TRUE(s[0].exo_next.empty());  // nothing of the predicted step is known
 }
 
+TEST(PredictEval, ReadsTelemetryPerRankWithBarrierValuesAsKnownExoByDefault) {
+  fs::path dir = write_telemetry("barrier");
+  auto series = series_from_telemetry(dir.string());  // what `lbbsp train` records: the barrier convention
+  ASSERT_EQ(series.size(), 2u);
+  const EvalSeries& r1 = series[1];
+  EXPECT_NE(r1.source.find("#rank1"), std::string::npos);
+  ASSERT_EQ(r1.speed.size(), 200u);
+  ASSERT_EQ(r1.exo_next.size(), r1.exo.size());
+  EXPECT_EQ(r1.speed[7], 50.0);
+  EXPECT_EQ(r1.exo[7 * 3 + 2], 1.0);
+  // Row t's values, measured at the barrier after iteration t, are the newest known before iteration t+1:
+  // the load of iteration 7 is not known before it, only after.
+  EXPECT_EQ(r1.exo_next, r1.exo);
+  EXPECT_EQ(r1.exo_next[6 * 3 + 2], 0.0);
+  EXPECT_EQ(r1.exo_next[7 * 3 + 2], 1.0);
+  EXPECT_FALSE(std::isnan(r1.exo_next[199 * 3]));
+  // The explicit barrier mode is the same.
+  auto explicit_barrier = series_from_telemetry(dir.string(), TelemetryExo::kBarrier);
+  EXPECT_EQ(explicit_barrier[1].exo_next, r1.exo_next);
+  fs::remove_all(dir);
+}
+
 TEST(PredictEval, ReadsTelemetryPerRankWithNextRowAsKnownExo) {
   fs::path dir = write_telemetry("ok");
-  auto series = series_from_telemetry(dir.string());
+  auto series = series_from_telemetry(dir.string(), TelemetryExo::kNextRow);
   ASSERT_EQ(series.size(), 2u);
   const EvalSeries& r1 = series[1];
   EXPECT_EQ(r1.family, "telemetry");
