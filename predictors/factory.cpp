@@ -13,7 +13,7 @@ namespace {
 
 constexpr const char* kValidSpecs =
     "valid: last, ema[:ALPHA] (e.g. ema:0.3), arima[:P,D,Q[,window=N]] (e.g. arima:1,0,1), "
-    "narx[:dy=4,du=2,hidden=8,window=64,lr=0.01,epochs=2,batch=8,sharp=4], oracle";
+    "narx[:dy=4,du=2,hidden=8,window=64,lr=0.01,epochs=2,batch=8,sharp=4,forget=0.98,ridge=0.01], oracle";
 
 [[noreturn]] void bad_spec(const std::string& spec, const std::string& why) {
   throw std::invalid_argument("bad predictor spec '" + spec + "': " + why + " (" + kValidSpecs + ")");
@@ -97,6 +97,10 @@ std::unique_ptr<Predictor> make_predictor(const std::string& spec, int num_exo, 
             o.batch = parse_value<int>(spec, key, kv[1]);
           else if (key == "sharp")
             o.sharp = parse_value<double>(spec, key, kv[1]);
+          else if (key == "forget")
+            o.forget = parse_value<double>(spec, key, kv[1]);
+          else if (key == "ridge")
+            o.ridge = parse_value<double>(spec, key, kv[1]);
           else
             bad_spec(spec, "unknown narx option '" + key + "'");
         }

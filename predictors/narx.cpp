@@ -16,6 +16,7 @@ constexpr double kStatsAlpha = 0.01;  // online normalisation: ~100-step memory 
 constexpr double kMseAlpha = 0.05;    // candidate scoring: ~20-step memory
 constexpr double kClipInput = 6.0;    // normalised inputs and targets are clipped (outlier robustness)
 constexpr double kWeightDecay = 1e-4;
+constexpr double kLinClip = 4.0;  // linear model: residuals winsorised at this many running std devs
 
 double clip(double v, double bound) {
   return std::clamp(v, -bound, bound);
@@ -42,8 +43,8 @@ void ew_update(double& mean, double& var, double value, int64_t count) {
 // thousands keeps it in L1 instead of streaming a cold copy per worker; grown on demand, never shrunk.
 struct Scratch {
   std::vector<float> grad, hid, dh;
-  std::vector<double> exo_clean;
-  std::vector<int> idx;
+  std::vector<double> exo_clean, lin;
+  std::vector<int> idx, active;
   template <class T>
   static T* fit(std::vector<T>& v, size_t n) {
     if (v.size() < n) v.resize(n);
@@ -59,6 +60,8 @@ struct Scratch {
     return fit(hid, static_cast<size_t>(h));
   }
   double* exo(int n) { return fit(exo_clean, static_cast<size_t>(n)); }
+  double* linear(size_t n) { return fit(lin, n); }
+  int* active_inputs(int n) { return fit(active, static_cast<size_t>(n)); }
   int* indices(int n) { return fit(idx, static_cast<size_t>(n)); }
 };
 
@@ -203,6 +206,8 @@ NarxPredictor::NarxPredictor(const NarxOptions& o, int num_exo, uint64_t seed)
   if (o.epochs < 0 || o.epochs > 1000) throw std::invalid_argument("narx epochs must be in [0, 1000]");
   if (o.batch < 1 || o.batch > 4096) throw std::invalid_argument("narx batch must be in [1, 4096]");
   if (!(o.sharp >= 0 && o.sharp <= 16)) throw std::invalid_argument("narx sharp must be in [0, 16]");
+  if (!(o.forget > 0 && o.forget <= 1)) throw std::invalid_argument("narx forget must be in (0, 1]");
+  if (!(o.ridge >= 0 && o.ridge <= 1e6)) throw std::invalid_argument("narx ridge must be in [0, 1e6]");
   if (num_exo < 0) throw std::invalid_argument("narx num_exo must be >= 0");
   const int n_in = num_inputs(), h = o.hidden;
   params_.assign(num_params(), 0.0f);
@@ -222,6 +227,10 @@ NarxPredictor::NarxPredictor(const NarxOptions& o, int num_exo, uint64_t seed)
   pending_x_.assign(n_in, 0.0f);
   buffer_x_.assign(static_cast<size_t>(o.window) * n_in, 0.0f);
   buffer_y_.assign(o.window, 0.0f);
+  lin_u_mean_.assign(num_exo, 0.0);
+  lin_uu_.assign(static_cast<size_t>(num_exo) * num_exo, 0.0);
+  lin_uy_.assign(num_exo, 0.0);
+  pending_u_.assign(num_exo, 0.0);
 }
 
 // Inputs: dy speed lags, kEmas EMA levels (all relative to the base forecast, in units of the speed's std),
@@ -268,9 +277,9 @@ void NarxPredictor::prepare(const double* exo_next) {
   c[0] = last_;
   for (int e = 0; e < kEmas; ++e) c[1 + e] = ema_[e];
   double w[kCandidates];
-  blend_weights(w, kCandidates - 1);
+  blend_weights(w, kBase);
   double base = 0;
-  for (int i = 0; i < kCandidates - 1; ++i) base += w[i] * c[i];
+  for (int i = 0; i < kBase; ++i) base += w[i] * c[i];
   // Scale: the speed's running std, floored relative to its level so near-constant series stay well posed.
   const double scale = std::max(std::sqrt(y_var_), 1e-3 * std::abs(y_mean_) + 1e-12);
   float* x = pending_x_.data();
@@ -296,7 +305,16 @@ void NarxPredictor::prepare(const double* exo_next) {
   }
   put_exo(next);
   for (int l = 0; l < options_.du; ++l) put_exo(exo_lags_.data() + static_cast<size_t>(l) * num_exo_);
-  c[kCandidates - 1] = base + scale * static_cast<double>(forward(x, scratch().hidden(options_.hidden)));
+  c[kNet] = base + scale * static_cast<double>(forward(x, scratch().hidden(options_.hidden)));
+  // The linear model's regressors: the same values, winsorised like the network's inputs (at +-6 running
+  // standard deviations), so one wild reading can neither dominate its fit nor its forecast.
+  for (int k = 0; k < num_exo_; ++k) {
+    const double sd = std::sqrt(exo_var_[k]);
+    pending_u_[k] = exo_var_[k] > 0
+                        ? std::clamp(next[k], exo_mean_[k] - kClipInput * sd, exo_mean_[k] + kClipInput * sd)
+                        : next[k];
+  }
+  c[kLinear] = linear_forecast(pending_u_.data(), base);
   pending_candidates_ = c;
   pending_base_ = base;
   pending_scale_ = scale;
@@ -347,6 +365,16 @@ void NarxPredictor::observe(double speed, const std::vector<double>& exo) {
       const double err = pending_candidates_[i] - speed;
       mse_[i] += std::max(1.0 / static_cast<double>(good_), kMseAlpha) * (err * err - mse_[i]);
     }
+    // The linear model learns from the same step, its residual winsorised at kLinClip running standard
+    // deviations of its (winsorised) residuals once warmed up, floored relative to the level: a burst of
+    // 1000x glitches moves it little, a lasting change widens the band geometrically until it is followed.
+    const double pred = pending_candidates_[kLinear];
+    const bool warm = lin_weight_ >= 8;
+    const double bound = kLinClip * std::max(std::sqrt(lin_resid_var_), 1e-3 * std::abs(pred));
+    const double r = warm ? std::clamp(speed - pred, -bound, bound) : speed - pred;
+    linear_update(pending_u_.data(), pred + r);
+    lin_resid_var_ += (warm ? kMseAlpha : 1 / std::max(lin_weight_, 1.0)) * (r * r - lin_resid_var_);
+    if (!std::isfinite(lin_resid_var_)) lin_resid_var_ = 0;
   }
   ++good_;
   if (good_ == 1) {
@@ -376,6 +404,84 @@ void NarxPredictor::observe(double speed, const std::vector<double>& exo) {
     train_step(scratch().idx.data() + static_cast<size_t>(at) * batch, batch);
   }
   stale_ = true;
+}
+
+double NarxPredictor::linear_forecast(const double* u, double fallback) const {
+  if (!(lin_weight_ > 0)) return fallback;
+  const int k = num_exo_;
+  // Inputs that vary (relative to their level) enter standardised, with the ridge on their slopes; the
+  // normal equations are solved by Cholesky (k is the handful of exogenous inputs).
+  int* active = scratch().active_inputs(k);
+  double* sd = scratch().linear(static_cast<size_t>(k) * (k + 2));
+  double* a = sd + k;  // m x m, then the right-hand side
+  int m = 0;
+  for (int i = 0; i < k; ++i) {
+    const double var = lin_uu_[static_cast<size_t>(i) * k + i];
+    if (var > lin_weight_ * (1e-10 * lin_u_mean_[i] * lin_u_mean_[i] + 1e-300)) {
+      active[m] = i;
+      sd[m++] = std::sqrt(var);
+    }
+  }
+  double y = lin_y_mean_;
+  if (m > 0) {
+    double* b = a + static_cast<size_t>(m) * m;
+    const double ridge = std::max(options_.ridge, 1e-9);
+    for (int p = 0; p < m; ++p) {
+      for (int q = 0; q <= p; ++q)
+        a[p * m + q] =
+            lin_uu_[static_cast<size_t>(active[p]) * k + active[q]] / (sd[p] * sd[q]) + (p == q ? ridge : 0);
+      b[p] = lin_uy_[active[p]] / sd[p];
+    }
+    // Lower Cholesky factor in place, then forward and back substitution into b.
+    for (int p = 0; p < m; ++p) {
+      for (int q = 0; q <= p; ++q) {
+        double v = a[p * m + q];
+        for (int r = 0; r < q; ++r) v -= a[p * m + r] * a[q * m + r];
+        if (p == q) {
+          if (!(v > 0)) return std::isfinite(y) ? y : fallback;
+          a[p * m + p] = std::sqrt(v);
+        } else {
+          a[p * m + q] = v / a[q * m + q];
+        }
+      }
+    }
+    for (int p = 0; p < m; ++p) {
+      for (int r = 0; r < p; ++r) b[p] -= a[p * m + r] * b[r];
+      b[p] /= a[p * m + p];
+    }
+    for (int p = m - 1; p >= 0; --p) {
+      for (int r = p + 1; r < m; ++r) b[p] -= a[r * m + p] * b[r];
+      b[p] /= a[p * m + p];
+    }
+    for (int p = 0; p < m; ++p) y += b[p] / sd[p] * (u[active[p]] - lin_u_mean_[active[p]]);
+  }
+  // Within the band the final forecast is clipped to, so its scored error stays finite.
+  return std::isfinite(y) ? std::clamp(y, 0.5 * recent_lo_, 1.5 * recent_hi_) : fallback;
+}
+
+void NarxPredictor::linear_update(const double* u, double speed) {
+  const int k = num_exo_;
+  const double f = options_.forget;
+  lin_weight_ = f * lin_weight_ + 1;
+  const double a = 1 / lin_weight_, keep = 1 - a;
+  double* d = scratch().linear(static_cast<size_t>(k));
+  bool finite = std::isfinite(lin_weight_);
+  for (int i = 0; i < k; ++i) d[i] = u[i] - lin_u_mean_[i];
+  const double dy = speed - lin_y_mean_;
+  for (int i = 0; i < k; ++i) {
+    double* row = lin_uu_.data() + static_cast<size_t>(i) * k;
+    for (int j = 0; j < k; ++j) row[j] = f * row[j] + keep * d[i] * d[j];
+    lin_uy_[i] = f * lin_uy_[i] + keep * d[i] * dy;
+    lin_u_mean_[i] += a * d[i];
+    finite = finite && std::isfinite(row[i]) && std::isfinite(lin_uy_[i]) && std::isfinite(lin_u_mean_[i]);
+  }
+  lin_y_mean_ += a * dy;
+  if (!finite || !std::isfinite(lin_y_mean_)) {  // overflowed (absurd but finite inputs): start afresh
+    lin_weight_ = lin_y_mean_ = lin_resid_var_ = 0;
+    std::fill(lin_u_mean_.begin(), lin_u_mean_.end(), 0.0);
+    std::fill(lin_uu_.begin(), lin_uu_.end(), 0.0);
+    std::fill(lin_uy_.begin(), lin_uy_.end(), 0.0);
+  }
 }
 
 void NarxPredictor::draw_batches(int steps, int batch) {
@@ -457,6 +563,10 @@ void NarxPredictor::prefetch() const {
   prefetch_all(exo_var_);
   prefetch_all(exo_count_);
   prefetch_all(pending_x_);
+  prefetch_all(lin_u_mean_);
+  prefetch_all(lin_uu_);
+  prefetch_all(lin_uy_);
+  prefetch_all(pending_u_);
 }
 
 void NarxPredictor::update_band() {
@@ -482,7 +592,7 @@ double NarxPredictor::predict(const std::vector<double>& exo_next) {
 }
 
 std::string NarxPredictor::save_state() const {
-  StateWriter w("narx/2");
+  StateWriter w("narx/3");
   w.put(options_.dy);
   w.put(options_.du);
   w.put(options_.hidden);
@@ -491,6 +601,8 @@ std::string NarxPredictor::save_state() const {
   w.put(options_.epochs);
   w.put(options_.batch);
   w.put(options_.sharp);
+  w.put(options_.forget);
+  w.put(options_.ridge);
   w.put(num_exo_);
   w.put(rng_.state());
   w.put_vector(params_);
@@ -523,6 +635,13 @@ std::string NarxPredictor::save_state() const {
   w.put_vector(buffer_y_);
   w.put(buffer_count_);
   w.put(buffer_head_);
+  w.put(lin_weight_);
+  w.put(lin_y_mean_);
+  w.put(lin_resid_var_);
+  w.put_vector(lin_u_mean_);
+  w.put_vector(lin_uu_);
+  w.put_vector(lin_uy_);
+  w.put_vector(pending_u_);
   return w.str();
 }
 
@@ -555,9 +674,11 @@ bool has_tag(const std::string& state, const std::string& tag) {
 
 }  // namespace
 
+// narx/1 and narx/2 had no exogenous linear model: it starts empty (its forecast is the base until it has
+// data) and with the largest recent squared error of the other candidates, so it earns its weight.
 void NarxPredictor::load_state(const std::string& state) {
-  const bool v1 = has_tag(state, "narx/1");
-  StateReader r(state, v1 ? "narx/1" : "narx/2");
+  const bool v1 = has_tag(state, "narx/1"), v2 = has_tag(state, "narx/2");
+  StateReader r(state, v1 ? "narx/1" : v2 ? "narx/2" : "narx/3");
   NarxOptions o;
   o.dy = r.get<int>();
   o.du = r.get<int>();
@@ -567,6 +688,10 @@ void NarxPredictor::load_state(const std::string& state) {
   o.epochs = r.get<int>();
   o.batch = r.get<int>();
   o.sharp = r.get<double>();
+  if (!v1 && !v2) {
+    o.forget = r.get<double>();
+    o.ridge = r.get<double>();
+  }
   const int num_exo = r.get<int>();
   NarxPredictor p(o, num_exo, 0);  // validates options and sizes every buffer
   const int n_in = p.num_inputs(), h = o.hidden;
@@ -600,15 +725,31 @@ void NarxPredictor::load_state(const std::string& state) {
   same_size(p.exo_lags_, r.get_vector<double>());
   same_size(p.recent_, r.get_vector<double>());
   p.recent_head_ = r.get<int>();
-  p.mse_ = r.get<std::array<double, kCandidates>>();
+  // Candidates of narx/1 and narx/2: last, EMAs, network (no linear model).
+  using OldCandidates = std::array<double, kCandidates - 1>;
+  auto widen = [](const OldCandidates& old, double linear) {
+    std::array<double, kCandidates> out{};
+    std::copy(old.begin(), old.begin() + kBase, out.begin());
+    out[kLinear] = linear;
+    out[kNet] = old[kBase];
+    return out;
+  };
+  if (v1 || v2) {
+    const OldCandidates old = r.get<OldCandidates>();
+    p.mse_ = widen(old, *std::max_element(old.begin(), old.end()));
+  } else {
+    p.mse_ = r.get<std::array<double, kCandidates>>();
+  }
   p.pending_ = r.get<bool>();
   p.stale_ = v1 ? false : r.get<bool>();
   if (v1)
     same_size_float(p.pending_x_, r.get_vector<double>());
   else
     same_size(p.pending_x_, r.get_vector<float>());
-  p.pending_candidates_ = r.get<std::array<double, kCandidates>>();
+  const OldCandidates old_candidates = v1 || v2 ? r.get<OldCandidates>() : OldCandidates{};
+  if (!v1 && !v2) p.pending_candidates_ = r.get<std::array<double, kCandidates>>();
   p.pending_base_ = r.get<double>();
+  if (v1 || v2) p.pending_candidates_ = widen(old_candidates, p.pending_base_);
   p.pending_scale_ = r.get<double>();
   p.last_prediction_ = r.get<double>();
   if (v1) {
@@ -622,6 +763,19 @@ void NarxPredictor::load_state(const std::string& state) {
   }
   p.buffer_count_ = r.get<int>();
   p.buffer_head_ = r.get<int>();
+  if (!v1 && !v2) {
+    p.lin_weight_ = r.get<double>();
+    p.lin_y_mean_ = r.get<double>();
+    p.lin_resid_var_ = r.get<double>();
+    same_size(p.lin_u_mean_, r.get_vector<double>());
+    same_size(p.lin_uu_, r.get_vector<double>());
+    same_size(p.lin_uy_, r.get_vector<double>());
+    same_size(p.pending_u_, r.get_vector<double>());
+  } else if (p.pending_) {
+    // The pending forecast's regressors were not saved: the newest measured values stand in.
+    const double* newest = p.options_.du > 0 ? p.exo_lags_.data() : p.exo_mean_.data();
+    std::copy(newest, newest + num_exo, p.pending_u_.begin());
+  }
   r.finish();
   p.update_band();
   if (p.recent_head_ < 0 || p.recent_head_ >= p.options_.window || p.buffer_head_ < 0 ||

@@ -2,10 +2,15 @@
 // window.
 //
 // The network predicts the residual of the next speed over a base forecast (a performance-weighted blend of
-// last value and three EMAs); the final prediction blends that base, its members and the network's forecast
-// by their recent squared errors, then clips it to a band around recently seen speeds. So it starts as (and
-// cannot drift far from) the best simple baseline, and only leans on the network where it has been paying
-// off.
+// last value and three EMAs); the final prediction blends that base, its members, an exogenous linear model
+// and the network's forecast by their recent squared errors, then clips it to a band around recently seen
+// speeds. So it starts as (and cannot drift far from) the best simple baseline, and only leans on the network
+// or the linear model where they have been paying off.
+//
+// The linear model regresses the speed on the coming step's exogenous inputs (speed ~ a + b . u) by
+// exponentially weighted least squares (forgetting factor `forget`, ridge `ridge` on the standardised
+// slopes): where the speed is proportional to the CPU available, as under trace replay, it learns that in a
+// few steps, which the network, trained by small gradient steps on a residual, does not.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -20,14 +25,16 @@ namespace lbbsp::predictors {
 // slowdowns are announced by the exogenous load (hidden 16 scored the same at twice the cost; 2 epochs learn
 // the load effect faster than 1; sharper blending helped planetlab and bitbrains).
 struct NarxOptions {
-  int dy = 4;        // speed lags fed to the network
-  int du = 2;        // past exogenous lags (the coming step's values are always an input too)
-  int hidden = 8;    // tanh units
-  int window = 64;   // training samples kept (sliding window)
-  double lr = 0.01;  // Adam learning rate
-  int epochs = 2;    // gradient steps per observation (bounded cost)
-  int batch = 8;     // samples per gradient step (newest one always included)
-  double sharp = 4;  // blend weights ~ (1 / recent MSE)^sharp
+  int dy = 4;            // speed lags fed to the network
+  int du = 2;            // past exogenous lags (the coming step's values are always an input too)
+  int hidden = 8;        // tanh units
+  int window = 64;       // training samples kept (sliding window)
+  double lr = 0.01;      // Adam learning rate
+  int epochs = 2;        // gradient steps per observation (bounded cost)
+  int batch = 8;         // samples per gradient step (newest one always included)
+  double sharp = 4;      // blend weights ~ (1 / recent MSE)^sharp
+  double forget = 0.98;  // exogenous linear model: weight of the past per step (memory ~ 1 / (1 - forget))
+  double ridge = 0.01;   // exogenous linear model: ridge on the slopes of the standardised inputs
 };
 
 class NarxPredictor final : public Predictor {
@@ -43,8 +50,11 @@ class NarxPredictor final : public Predictor {
 
  private:
   static constexpr int kEmas = 3;
-  static constexpr int kCandidates = 2 + kEmas;  // last, EMAs, network
-  static constexpr int kMaxDrawn = 64;           // batch indices drawn ahead at most
+  static constexpr int kBase = 1 + kEmas;  // last, EMAs: the members of the base forecast
+  static constexpr int kLinear = kBase;    // then the exogenous linear model
+  static constexpr int kNet = kBase + 1;   // then the network
+  static constexpr int kCandidates = kBase + 2;
+  static constexpr int kMaxDrawn = 64;  // batch indices drawn ahead at most
   int num_inputs() const;
   int num_params() const;
   void update_exo_stats(const std::vector<double>& exo);
@@ -56,6 +66,9 @@ class NarxPredictor final : public Predictor {
                     int batch);  // fills the scratch indices with `steps` batches, prefetches their rows
   void train_step(const int* idx, int batch);
   void blend_weights(double* w, int count) const;
+  // The linear model's forecast for regressors u (num_exo values), or `fallback` before it has data.
+  double linear_forecast(const double* u, double fallback) const;
+  void linear_update(const double* u, double speed);
 
   NarxOptions options_;
   int num_exo_;
@@ -86,6 +99,12 @@ class NarxPredictor final : public Predictor {
   std::vector<float> pending_x_;
   std::array<double, kCandidates> pending_candidates_{};
   double pending_base_ = 0, pending_scale_ = 1, last_prediction_ = 0;
+
+  // Exogenous linear model: exponentially weighted total weight, means of the regressors and the speed,
+  // scatter matrix of the regressors (num_exo x num_exo) and their cross scatter with the speed; the
+  // regressors of the pending forecast.
+  double lin_weight_ = 0, lin_y_mean_ = 0, lin_resid_var_ = 0;  // and its residuals' running variance
+  std::vector<double> lin_u_mean_, lin_uu_, lin_uy_, pending_u_;
 
   std::vector<float, CacheAligned<float>> buffer_x_;  // ring of (inputs, residual target)
   std::vector<float> buffer_y_;

@@ -14,10 +14,16 @@ using lbbsp::predictors::Predictor;
 
 namespace {
 
-const std::vector<std::string> kSpecs = {
-    "last",  "ema",         "ema:0.3",
-    "arima", "arima:2,1,1", "arima:1,0,0",
-    "narx",  "oracle",      "narx:dy=2,du=1,hidden=4,window=16,lr=0.02,epochs=1,batch=4"};
+const std::vector<std::string> kSpecs = {"last",
+                                         "ema",
+                                         "ema:0.3",
+                                         "arima",
+                                         "arima:2,1,1",
+                                         "arima:1,0,0",
+                                         "narx",
+                                         "oracle",
+                                         "narx:dy=2,du=1,hidden=4,window=16,lr=0.02,epochs=1,batch=4",
+                                         "narx:forget=1,ridge=0"};
 constexpr int kExo = 2;
 
 // A noisy positive series with an exogenous input that matters.
@@ -53,9 +59,9 @@ TEST(PredictorFactory, BuildsEveryValidSpec) {
 }
 
 TEST(PredictorFactory, RejectsBadSpecsNamingThemAndListingValidOnes) {
-  for (std::string bad :
-       {"", "lstm", "ema:2", "ema:abc", "ema:0", "arima:1,0", "arima:1,x,1", "arima:9,0,0", "narx:dy=0",
-        "narx:depth=3", "narx:dy", "last:1", "arima:1,0,1,win=3", "narx:lr=-1"}) {
+  for (std::string bad : {"", "lstm", "ema:2", "ema:abc", "ema:0", "arima:1,0", "arima:1,x,1", "arima:9,0,0",
+                          "narx:dy=0", "narx:depth=3", "narx:dy", "last:1", "arima:1,0,1,win=3", "narx:lr=-1",
+                          "narx:forget=0", "narx:forget=1.5", "narx:ridge=-1"}) {
     try {
       make_predictor(bad, 1, 0);
       ADD_FAILURE() << "accepted bad spec '" << bad << "'";

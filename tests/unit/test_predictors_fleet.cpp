@@ -1,6 +1,7 @@
 // A fleet of predictor states updated through for_each_worker (as LbbspCpuBalancer::next does): identical
 // results for any thread count, prefetch() changes nothing, exceptions surface; and NARX checkpoints of the
-// double-precision format (narx/1) still load, into exactly the state the current format describes.
+// older formats (narx/1: double precision; narx/2: no exogenous linear model) still load, into exactly the
+// state the current format (narx/3) describes.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -81,13 +82,17 @@ TEST(PredictorFleet, EveryWorkerOnceAndTheLowestFailureIsRethrown) {
   }
 }
 
-// A NARX state in the layout of format narx/1 (network in double, W1 hidden-major) or narx/2 (float, W1
-// input-major, Adam's running bias powers, the stale flag), from the same values.
-std::string narx_state(bool v1) {
+// A NARX state in the layout of format narx/1 (network in double, W1 hidden-major), narx/2 (float, W1
+// input-major, Adam's running bias powers, the stale flag) or narx/3 (narx/2 plus the exogenous linear model:
+// its options, its candidate slot between the EMAs and the network, its statistics), from the same values.
+// The narx/3 state is the one the older ones migrate to: an empty linear model scored with the largest
+// recent squared error of the others, its pending forecast the base, its regressors the newest exo values.
+std::string narx_state(int version) {
+  const bool v1 = version == 1, v3 = version == 3;
   const int dy = 2, du = 1, hidden = 3, window = 4, num_exo = 1;
   const int n_in = dy + 3 + (du + 1) * num_exo;
   const int params = hidden * (n_in + 2) + 1;
-  StateWriter w(v1 ? "narx/1" : "narx/2");
+  StateWriter w("narx/" + std::to_string(version));
   w.put(dy);
   w.put(du);
   w.put(hidden);
@@ -96,6 +101,10 @@ std::string narx_state(bool v1) {
   w.put(2);     // epochs
   w.put(3);     // batch
   w.put(4.0);   // sharp
+  if (v3) {
+    w.put(0.98);  // forget
+    w.put(0.01);  // ridge
+  }
   w.put(num_exo);
   w.put(uint64_t{12345});
   // Values exactly representable in float, so both formats describe the same network.
@@ -134,7 +143,10 @@ std::string narx_state(bool v1) {
   w.put_vector(std::vector<double>{0.25});     // exo lags
   w.put_vector(std::vector<double>{98, 102, 95, 104});
   w.put(1);  // recent head
-  w.put(std::array<double, 5>{4, 3, 5, 6, 2});
+  if (v3)
+    w.put(std::array<double, 6>{4, 3, 5, 6, 6, 2});  // last, 3 EMAs, linear, network
+  else
+    w.put(std::array<double, 5>{4, 3, 5, 6, 2});
   w.put(true);            // pending
   if (!v1) w.put(false);  // stale
   const std::vector<double> x{0.5, -0.25, 1, 0.125, -1, 0.75, 0.5};
@@ -142,7 +154,10 @@ std::string narx_state(bool v1) {
     w.put_vector(x);
   else
     w.put_vector(std::vector<float>(x.begin(), x.end()));
-  w.put(std::array<double, 5>{98, 99, 100, 101, 97});
+  if (v3)
+    w.put(std::array<double, 6>{98, 99, 100, 101, 99.5, 97});
+  else
+    w.put(std::array<double, 5>{98, 99, 100, 101, 97});
   w.put(99.5);  // pending base
   w.put(5.0);   // pending scale
   w.put(97.0);  // last prediction
@@ -158,26 +173,40 @@ std::string narx_state(bool v1) {
   }
   w.put(3);  // buffer count
   w.put(3);  // buffer head
+  if (v3) {
+    w.put(0.0);                               // linear model: total weight
+    w.put(0.0);                               // speed mean
+    w.put(0.0);                               // residual variance
+    w.put_vector(std::vector<double>{0});     // regressor means
+    w.put_vector(std::vector<double>{0});     // regressor scatter
+    w.put_vector(std::vector<double>{0});     // cross scatter with the speed
+    w.put_vector(std::vector<double>{0.25});  // pending regressors (= the exo lags)
+  }
   return w.str();
 }
 
-TEST(NarxCheckpoint, DoublePrecisionFormatLoadsIntoTheSameState) {
-  auto from_v1 = make_predictor("narx", 1, 0), from_v2 = make_predictor("narx", 1, 0);
-  from_v1->load_state(narx_state(true));
-  from_v2->load_state(narx_state(false));
+TEST(NarxCheckpoint, OlderFormatsLoadIntoTheSameState) {
+  auto from_v1 = make_predictor("narx", 1, 0), from_v2 = make_predictor("narx", 1, 0),
+       from_v3 = make_predictor("narx", 1, 0);
+  from_v1->load_state(narx_state(1));
+  from_v2->load_state(narx_state(2));
+  from_v3->load_state(narx_state(3));
   ASSERT_EQ(from_v1->save_state(), from_v2->save_state());
-  ASSERT_EQ(from_v2->save_state(), narx_state(false));  // the hand-written layout is the real one
+  ASSERT_EQ(from_v2->save_state(), from_v3->save_state());
+  ASSERT_EQ(from_v3->save_state(), narx_state(3));  // the hand-written layout is the real one
   for (int t = 0; t < 50; ++t) {
     const double s = 100 + 10 * std::sin(0.4 * t), u = 0.5 + 0.1 * std::cos(0.4 * t);
     from_v1->observe(s, {u});
-    from_v2->observe(s, {u});
-    const double a = from_v1->predict({u}), b = from_v2->predict({u});
+    from_v3->observe(s, {u});
+    const double a = from_v1->predict({u}), b = from_v3->predict({u});
     ASSERT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "step " << t;
     ASSERT_TRUE(std::isfinite(a) && a > 0);
   }
-  std::string truncated = narx_state(true);
-  truncated.resize(truncated.size() - 5);
-  EXPECT_THROW(from_v1->load_state(truncated), std::invalid_argument);
+  for (int version : {1, 2, 3}) {
+    std::string truncated = narx_state(version);
+    truncated.resize(truncated.size() - 5);
+    EXPECT_THROW(from_v1->load_state(truncated), std::invalid_argument) << version;
+  }
 }
 
 }  // namespace

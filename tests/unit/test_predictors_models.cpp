@@ -100,6 +100,37 @@ TEST(Narx, LearnsAnExogenousNonlinearityThatEmaCannot) {
                                    << std::sqrt(se_ema / 1499);
 }
 
+// Trace replay at the barrier: the speed is proportional to the CPU available in the coming step, which is
+// known (piecewise constant, jumping every few steps), beside a constant and a noisy irrelevant input. The
+// exogenous linear model learns the proportion in a few steps; last value, EMAs and the network (small
+// gradient steps on a residual) lag each jump.
+TEST(Narx, FollowsASpeedProportionalToTheAnnouncedCpu) {
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<double> level(0.1, 1.0), irrelevant(0, 1);
+  std::normal_distribution<double> noise(0, 0.02);
+  auto narx = make_predictor("narx", 3, 1), ema = make_predictor("ema", 3, 1);
+  double cpu_next = level(rng), se_narx = 0, se_ema = 0;
+  int scored = 0;
+  for (int t = 0; t < 1500; ++t) {
+    const double cpu = cpu_next;
+    const double speed = 1000 * cpu * (1 + noise(rng));
+    if (t % 4 == 3) cpu_next = level(rng);
+    const std::vector<double> exo = {cpu, 0.8, irrelevant(rng)};
+    if (t > 100) {
+      const double pn = narx->predict(exo), pe = ema->predict(exo);
+      se_narx += (pn - speed) * (pn - speed);
+      se_ema += (pe - speed) * (pe - speed);
+      ++scored;
+    } else {
+      narx->predict(exo);
+    }
+    narx->observe(speed, exo);
+    ema->observe(speed, exo);
+  }
+  EXPECT_LT(se_narx, 0.1 * 0.1 * se_ema)
+      << "narx rmse " << std::sqrt(se_narx / scored) << " ema " << std::sqrt(se_ema / scored);
+}
+
 // On pure noise around a level, NARX must not be worse than EMA by more than a little (its blend falls back).
 TEST(Narx, NoWorseThanEmaOnNoise) {
   std::mt19937_64 rng(6);
