@@ -358,6 +358,23 @@ def smooth(y, w=10):
     return np.convolve(y, np.ones(w) / w, mode="valid")
 
 
+def per_rank_panels(a, tel, names, height, ylabel, legend_size, draw, title, filename):
+    """One panel per balancer in `names`, draw(ax, records, rank, mask) once per rank, saved as a.out/filename."""
+    fig, axes = plt.subplots(len(names), 1, figsize=(9, height * len(names) + 0.6), sharex=True, squeeze=False)
+    for ax, n in zip(axes[:, 0], names):
+        r = tel[n]
+        for k in sorted(set(r["rank"].tolist())):
+            draw(ax, r, k, r["rank"] == k)
+        ax.set_ylabel(ylabel)
+        ax.set_title(n, fontsize=9, loc="left")
+    axes[0, 0].legend(ncol=4, fontsize=legend_size)
+    axes[-1, 0].set_xlabel("iteration")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(os.path.join(a.out, filename), dpi=100)
+    plt.close(fig)
+
+
 def plots(a, scenario, runs_by_balancer):
     dirs = {n: rs[-1]["run_dir"] for n, rs in runs_by_balancer.items()
             if rs and rs[-1] and os.path.exists(os.path.join(rs[-1]["run_dir"], "telemetry.h5"))}
@@ -366,20 +383,12 @@ def plots(a, scenario, runs_by_balancer):
         return
     # per-rank batch size over time
     names = list(tel)
-    fig, axes = plt.subplots(len(names), 1, figsize=(9, 1.8 * len(names) + 0.6), sharex=True, squeeze=False)
-    for ax, n in zip(axes[:, 0], names):
-        r = tel[n]
-        for k in sorted(set(r["rank"].tolist())):
-            m = r["rank"] == k
-            ax.plot(r["iteration"][m], r["batch"][m], lw=0.8, label=f"rank {k}")
-        ax.set_ylabel("batch")
-        ax.set_title(n, fontsize=9, loc="left")
-    axes[0, 0].legend(ncol=4, fontsize=7)
-    axes[-1, 0].set_xlabel("iteration")
-    fig.suptitle(f"Per-rank batch size · {scenario}")
-    fig.tight_layout()
-    fig.savefig(os.path.join(a.out, f"batch_sizes_{scenario}.png"), dpi=100)
-    plt.close(fig)
+
+    def batch_panel(ax, r, k, m):
+        ax.plot(r["iteration"][m], r["batch"][m], lw=0.8, label=f"rank {k}")
+
+    per_rank_panels(a, tel, names, 1.8, "batch", 7, batch_panel, f"Per-rank batch size · {scenario}",
+                    f"batch_sizes_{scenario}.png")
     # iteration time over time per balancer
     fig, ax = plt.subplots(figsize=(9, 4))
     for n in names:
@@ -393,23 +402,15 @@ def plots(a, scenario, runs_by_balancer):
     plt.close(fig)
     # predicted vs actual speed for the predictor-based balancers
     preds = [n for n in names if n.startswith("lbbsp") and np.any(tel[n]["predicted_speed"] > 0)]
+
+    def speed_panel(ax, r, k, m):
+        line = ax.plot(r["iteration"][m], r["actual_speed"][m], lw=0.8, label=f"rank {k} actual")
+        ax.plot(r["iteration"][m], r["predicted_speed"][m], "--", lw=0.8, color=line[0].get_color(),
+                label=f"rank {k} predicted")
+
     if preds:
-        fig, axes = plt.subplots(len(preds), 1, figsize=(9, 2.2 * len(preds) + 0.6), sharex=True, squeeze=False)
-        for ax, n in zip(axes[:, 0], preds):
-            r = tel[n]
-            for k in sorted(set(r["rank"].tolist())):
-                m = r["rank"] == k
-                line = ax.plot(r["iteration"][m], r["actual_speed"][m], lw=0.8, label=f"rank {k} actual")
-                ax.plot(r["iteration"][m], r["predicted_speed"][m], "--", lw=0.8, color=line[0].get_color(),
-                        label=f"rank {k} predicted")
-            ax.set_ylabel("samples/s")
-            ax.set_title(n, fontsize=9, loc="left")
-        axes[0, 0].legend(ncol=4, fontsize=6)
-        axes[-1, 0].set_xlabel("iteration")
-        fig.suptitle(f"Predicted vs actual speed · {scenario}")
-        fig.tight_layout()
-        fig.savefig(os.path.join(a.out, f"speed_{scenario}.png"), dpi=100)
-        plt.close(fig)
+        per_rank_panels(a, tel, preds, 2.2, "samples/s", 6, speed_panel, f"Predicted vs actual speed · {scenario}",
+                        f"speed_{scenario}.png")
     # time-to-accuracy curves
     fig, ax = plt.subplots(figsize=(8, 4))
     for n, rs in runs_by_balancer.items():
