@@ -13,7 +13,8 @@ namespace {
 
 constexpr const char* kValidSpecs =
     "valid: last, ema[:ALPHA] (e.g. ema:0.3), arima[:P,D,Q[,window=N]] (e.g. arima:1,0,1), "
-    "narx[:dy=4,du=2,hidden=8,window=64,lr=0.01,epochs=2,batch=8,sharp=4,forget=0.98,ridge=0.01], oracle";
+    "narx[:dy=4,du=2,hidden=8,window=64,lr=0.01,epochs=2,batch=8,sharp=4,forget=0.98,ridge=0.01,ratio=0], "
+    "oracle";
 
 [[noreturn]] void bad_spec(const std::string& spec, const std::string& why) {
   throw std::invalid_argument("bad predictor spec '" + spec + "': " + why + " (" + kValidSpecs + ")");
@@ -101,6 +102,8 @@ std::unique_ptr<Predictor> make_predictor(const std::string& spec, int num_exo, 
             o.forget = parse_value<double>(spec, key, kv[1]);
           else if (key == "ridge")
             o.ridge = parse_value<double>(spec, key, kv[1]);
+          else if (key == "ratio")
+            o.ratio = parse_value<int>(spec, key, kv[1]);
           else
             bad_spec(spec, "unknown narx option '" + key + "'");
         }

@@ -17,6 +17,15 @@ constexpr double kMseAlpha = 0.05;    // candidate scoring: ~20-step memory
 constexpr double kClipInput = 6.0;    // normalised inputs and targets are clipped (outlier robustness)
 constexpr double kWeightDecay = 1e-4;
 constexpr double kLinClip = 4.0;  // linear model: residuals winsorised at this many running std devs
+constexpr std::array<double, 2> kRatioAlphas = {0.05, 0.15};  // proportional models: EMA of speed / u
+// Candidate scoring: a proportional model's squared error on a step where its input moved right after it
+// was measured, and the new value explains the miss, is winsorised at kScoreClip running RMS of the model's
+// errors (floored at kScoreFloor of the speed's level) once kScoreWarm steps are scored. Under trace replay
+// such stale inputs are 2% of the steps but 30% of the exogenous models' squared error, and say nothing about
+// the next step. (Winsorising every large miss, or the linear model's too, cost 4-30% on raw bitbrains.)
+constexpr double kScoreClip = 3.0;
+constexpr double kScoreFloor = 0.01;
+constexpr int64_t kScoreWarm = 10;
 
 double clip(double v, double bound) {
   return std::clamp(v, -bound, bound);
@@ -208,6 +217,7 @@ NarxPredictor::NarxPredictor(const NarxOptions& o, int num_exo, uint64_t seed)
   if (!(o.sharp >= 0 && o.sharp <= 16)) throw std::invalid_argument("narx sharp must be in [0, 16]");
   if (!(o.forget > 0 && o.forget <= 1)) throw std::invalid_argument("narx forget must be in (0, 1]");
   if (!(o.ridge >= 0 && o.ridge <= 1e6)) throw std::invalid_argument("narx ridge must be in [0, 1e6]");
+  if (o.ratio < -1 || o.ratio > 4096) throw std::invalid_argument("narx ratio must be in [-1, 4096]");
   if (num_exo < 0) throw std::invalid_argument("narx num_exo must be >= 0");
   const int n_in = num_inputs(), h = o.hidden;
   params_.assign(num_params(), 0.0f);
@@ -249,10 +259,18 @@ void NarxPredictor::update_exo_stats(const std::vector<double>& exo) {
 }
 
 void NarxPredictor::blend_weights(double* w, int count) const {
+  // Without a ratio input the proportional models take no part.
+  const bool skip_ratio = !ratio_active() && count > kBase;
+  auto skipped = [&](int i) { return skip_ratio && i >= kBase && i < kBase + kRatios; };
   double best = mse_[0];
-  for (int i = 1; i < count; ++i) best = std::min(best, mse_[i]);
+  for (int i = 1; i < count; ++i)
+    if (!skipped(i)) best = std::min(best, mse_[i]);
   double total = 0;
   for (int i = 0; i < count; ++i) {
+    if (skipped(i)) {
+      w[i] = 0;
+      continue;
+    }
     // Relative to the best, so the weights are scale-free; a tiny floor avoids 0/0 on constant series.
     const double ratio = (best + 1e-300) / (mse_[i] + 1e-300);
     const double r2 = ratio * ratio;
@@ -315,6 +333,12 @@ void NarxPredictor::prepare(const double* exo_next) {
                         : next[k];
   }
   c[kLinear] = linear_forecast(pending_u_.data(), base);
+  for (int i = 0; i < kRatios; ++i) {
+    const double u = ratio_active() ? pending_u_[options_.ratio] : 0.0;
+    const double y = ratio_[i] * u;
+    c[kBase + i] =
+        u > 0 && ratio_[i] > 0 && std::isfinite(y) ? std::clamp(y, 0.5 * recent_lo_, 1.5 * recent_hi_) : base;
+  }
   pending_candidates_ = c;
   pending_base_ = base;
   pending_scale_ = scale;
@@ -361,9 +385,34 @@ void NarxPredictor::observe(double speed, const std::vector<double>& exo) {
   }
   y_lags_[0] = speed;
   if (pending_ && good_ > 0) {
+    // A proportional model's miss that the ratio input's new measurement explains (the input changed just
+    // after it was measured) is winsorised once warmed up (see kScoreClip), and the model learns from the new
+    // value: the one the step ran with.
+    const int k = options_.ratio;
+    const bool moved = ratio_active() && static_cast<int>(exo.size()) == num_exo_ && std::isfinite(exo[k]) &&
+                       exo[k] > 0 && exo[k] != pending_u_[k];
+    std::array<double, kRatios> ratio_u{};
+    const double floor = kScoreFloor * kScoreFloor * pending_base_ * pending_base_;
     for (int i = 0; i < kCandidates; ++i) {
       const double err = pending_candidates_[i] - speed;
-      mse_[i] += std::max(1.0 / static_cast<double>(good_), kMseAlpha) * (err * err - mse_[i]);
+      double e2 = err * err;
+      if (ratio_active() && i >= kBase && i < kBase + kRatios) {
+        const int m = i - kBase;
+        ratio_u[m] = pending_u_[k];
+        const double explained = moved ? ratio_[m] * exo[k] - speed : 0.0;
+        if (moved && ratio_[m] > 0 && explained * explained < e2) {
+          ratio_u[m] = exo[k];
+          if (good_ > kScoreWarm) e2 = std::min(e2, kScoreClip * kScoreClip * std::max(mse_[i], floor));
+        }
+      }
+      mse_[i] += std::max(1.0 / static_cast<double>(good_), kMseAlpha) * (e2 - mse_[i]);
+    }
+    // The proportional models learn the speed per unit of the ratio input, the speed clipped to the band
+    // around recent speeds (a glitch moves them little; a lasting change widens the band).
+    for (int m = 0; m < kRatios && ratio_active(); ++m) {
+      const double r = std::clamp(speed, 0.5 * recent_lo_, 1.5 * recent_hi_) / ratio_u[m];
+      if (ratio_u[m] > 0 && std::isfinite(r) && r > 0)
+        ratio_[m] = ratio_[m] > 0 ? ratio_[m] + kRatioAlphas[m] * (r - ratio_[m]) : r;
     }
     // The linear model learns from the same step, its residual winsorised at kLinClip running standard
     // deviations of its (winsorised) residuals once warmed up, floored relative to the level: a burst of
@@ -592,7 +641,7 @@ double NarxPredictor::predict(const std::vector<double>& exo_next) {
 }
 
 std::string NarxPredictor::save_state() const {
-  StateWriter w("narx/3");
+  StateWriter w("narx/4");
   w.put(options_.dy);
   w.put(options_.du);
   w.put(options_.hidden);
@@ -603,6 +652,7 @@ std::string NarxPredictor::save_state() const {
   w.put(options_.sharp);
   w.put(options_.forget);
   w.put(options_.ridge);
+  w.put(options_.ratio);
   w.put(num_exo_);
   w.put(rng_.state());
   w.put_vector(params_);
@@ -642,6 +692,7 @@ std::string NarxPredictor::save_state() const {
   w.put_vector(lin_uu_);
   w.put_vector(lin_uy_);
   w.put_vector(pending_u_);
+  w.put(ratio_);
   return w.str();
 }
 
@@ -674,11 +725,12 @@ bool has_tag(const std::string& state, const std::string& tag) {
 
 }  // namespace
 
-// narx/1 and narx/2 had no exogenous linear model: it starts empty (its forecast is the base until it has
-// data) and with the largest recent squared error of the other candidates, so it earns its weight.
+// narx/1 and narx/2 had no exogenous linear model, narx/1 to narx/3 no proportional models: they start
+// empty (their forecasts are the base until they have data) and with the largest recent squared error of the
+// other candidates, so they earn their weight; the ratio input is the default one.
 void NarxPredictor::load_state(const std::string& state) {
-  const bool v1 = has_tag(state, "narx/1"), v2 = has_tag(state, "narx/2");
-  StateReader r(state, v1 ? "narx/1" : v2 ? "narx/2" : "narx/3");
+  const bool v1 = has_tag(state, "narx/1"), v2 = has_tag(state, "narx/2"), v3 = has_tag(state, "narx/3");
+  StateReader r(state, v1 ? "narx/1" : v2 ? "narx/2" : v3 ? "narx/3" : "narx/4");
   NarxOptions o;
   o.dy = r.get<int>();
   o.du = r.get<int>();
@@ -692,6 +744,7 @@ void NarxPredictor::load_state(const std::string& state) {
     o.forget = r.get<double>();
     o.ridge = r.get<double>();
   }
+  if (!v1 && !v2 && !v3) o.ratio = r.get<int>();
   const int num_exo = r.get<int>();
   NarxPredictor p(o, num_exo, 0);  // validates options and sizes every buffer
   const int n_in = p.num_inputs(), h = o.hidden;
@@ -725,31 +778,45 @@ void NarxPredictor::load_state(const std::string& state) {
   same_size(p.exo_lags_, r.get_vector<double>());
   same_size(p.recent_, r.get_vector<double>());
   p.recent_head_ = r.get<int>();
-  // Candidates of narx/1 and narx/2: last, EMAs, network (no linear model).
-  using OldCandidates = std::array<double, kCandidates - 1>;
-  auto widen = [](const OldCandidates& old, double linear) {
+  // Candidates of narx/1 and narx/2: last, EMAs, network; of narx/3: last, EMAs, linear model, network.
+  using V2Candidates = std::array<double, kBase + 1>;
+  using V3Candidates = std::array<double, kBase + 2>;
+  // The older candidates in the current layout, the new ones (ratios; linear model before narx/3) at fill.
+  auto widen = [](const double* old, size_t n, double fill) {
     std::array<double, kCandidates> out{};
-    std::copy(old.begin(), old.begin() + kBase, out.begin());
-    out[kLinear] = linear;
-    out[kNet] = old[kBase];
+    std::copy(old, old + kBase, out.begin());
+    std::fill(out.begin() + kBase, out.begin() + kBase + kRatios, fill);
+    out[kLinear] = n == V3Candidates().size() ? old[kBase] : fill;
+    out[kNet] = old[n - 1];
     return out;
   };
-  if (v1 || v2) {
-    const OldCandidates old = r.get<OldCandidates>();
-    p.mse_ = widen(old, *std::max_element(old.begin(), old.end()));
-  } else {
-    p.mse_ = r.get<std::array<double, kCandidates>>();
-  }
+  auto read_candidates = [&](bool as_mse, double fill) {
+    if (v1 || v2) {
+      const V2Candidates old = r.get<V2Candidates>();
+      return widen(old.data(), old.size(), as_mse ? *std::max_element(old.begin(), old.end()) : fill);
+    }
+    if (v3) {
+      const V3Candidates old = r.get<V3Candidates>();
+      return widen(old.data(), old.size(), as_mse ? *std::max_element(old.begin(), old.end()) : fill);
+    }
+    return r.get<std::array<double, kCandidates>>();
+  };
+  p.mse_ = read_candidates(true, 0);
   p.pending_ = r.get<bool>();
   p.stale_ = v1 ? false : r.get<bool>();
   if (v1)
     same_size_float(p.pending_x_, r.get_vector<double>());
   else
     same_size(p.pending_x_, r.get_vector<float>());
-  const OldCandidates old_candidates = v1 || v2 ? r.get<OldCandidates>() : OldCandidates{};
-  if (!v1 && !v2) p.pending_candidates_ = r.get<std::array<double, kCandidates>>();
+  // The new candidates' pending forecasts are the base, which is read after them.
+  const std::array<double, kCandidates> pending = read_candidates(false, 0);
   p.pending_base_ = r.get<double>();
-  if (v1 || v2) p.pending_candidates_ = widen(old_candidates, p.pending_base_);
+  p.pending_candidates_ = pending;
+  if (v1 || v2 || v3) {
+    std::fill(p.pending_candidates_.begin() + kBase, p.pending_candidates_.begin() + kBase + kRatios,
+              p.pending_base_);
+    if (!v3) p.pending_candidates_[kLinear] = p.pending_base_;
+  }
   p.pending_scale_ = r.get<double>();
   p.last_prediction_ = r.get<double>();
   if (v1) {
@@ -771,6 +838,7 @@ void NarxPredictor::load_state(const std::string& state) {
     same_size(p.lin_uu_, r.get_vector<double>());
     same_size(p.lin_uy_, r.get_vector<double>());
     same_size(p.pending_u_, r.get_vector<double>());
+    if (!v3) p.ratio_ = r.get<std::array<double, kRatios>>();
   } else if (p.pending_) {
     // The pending forecast's regressors were not saved: the newest measured values stand in.
     const double* newest = p.options_.du > 0 ? p.exo_lags_.data() : p.exo_mean_.data();

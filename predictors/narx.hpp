@@ -2,15 +2,22 @@
 // window.
 //
 // The network predicts the residual of the next speed over a base forecast (a performance-weighted blend of
-// last value and three EMAs); the final prediction blends that base, its members, an exogenous linear model
-// and the network's forecast by their recent squared errors, then clips it to a band around recently seen
-// speeds. So it starts as (and cannot drift far from) the best simple baseline, and only leans on the network
-// or the linear model where they have been paying off.
+// last value and three EMAs); the final prediction blends that base, its members, two proportional models, an
+// exogenous linear model and the network's forecast by their recent squared errors, then clips it to a band
+// around recently seen speeds. So it starts as (and cannot drift far from) the best simple baseline, and only
+// leans on the network or the exogenous models where they have been paying off.
 //
 // The linear model regresses the speed on the coming step's exogenous inputs (speed ~ a + b . u) by
 // exponentially weighted least squares (forgetting factor `forget`, ridge `ridge` on the standardised
 // slopes): where the speed is proportional to the CPU available, as under trace replay, it learns that in a
 // few steps, which the network, trained by small gradient steps on a residual, does not.
+//
+// The proportional models forecast speed = rho * u_k for one exogenous input k (`ratio`, default 0: the CPU
+// share available, which the runtime passes first), rho an EMA (alpha 0.05 and 0.15) of the measured speed
+// per unit of the u_k that was known before the step: no intercept to learn, so they follow a speed that
+// scales with the available CPU faster and with less noise than the linear model. Their misses on steps where
+// the input changed right after it was measured (and its new value explains the miss) are winsorised in their
+// score.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -35,6 +42,7 @@ struct NarxOptions {
   double sharp = 4;      // blend weights ~ (1 / recent MSE)^sharp
   double forget = 0.98;  // exogenous linear model: weight of the past per step (memory ~ 1 / (1 - forget))
   double ridge = 0.01;   // exogenous linear model: ridge on the slopes of the standardised inputs
+  int ratio = 0;         // proportional models on this exogenous input (-1, or >= num_exo: none)
 };
 
 class NarxPredictor final : public Predictor {
@@ -50,10 +58,11 @@ class NarxPredictor final : public Predictor {
 
  private:
   static constexpr int kEmas = 3;
-  static constexpr int kBase = 1 + kEmas;  // last, EMAs: the members of the base forecast
-  static constexpr int kLinear = kBase;    // then the exogenous linear model
-  static constexpr int kNet = kBase + 1;   // then the network
-  static constexpr int kCandidates = kBase + 2;
+  static constexpr int kBase = 1 + kEmas;          // last, EMAs: the members of the base forecast
+  static constexpr int kRatios = 2;                // then the proportional models
+  static constexpr int kLinear = kBase + kRatios;  // then the exogenous linear model
+  static constexpr int kNet = kLinear + 1;         // then the network
+  static constexpr int kCandidates = kNet + 1;
   static constexpr int kMaxDrawn = 64;  // batch indices drawn ahead at most
   int num_inputs() const;
   int num_params() const;
@@ -66,6 +75,7 @@ class NarxPredictor final : public Predictor {
                     int batch);  // fills the scratch indices with `steps` batches, prefetches their rows
   void train_step(const int* idx, int batch);
   void blend_weights(double* w, int count) const;
+  bool ratio_active() const { return options_.ratio >= 0 && options_.ratio < num_exo_; }
   // The linear model's forecast for regressors u (num_exo values), or `fallback` before it has data.
   double linear_forecast(const double* u, double fallback) const;
   void linear_update(const double* u, double speed);
@@ -105,6 +115,8 @@ class NarxPredictor final : public Predictor {
   // regressors of the pending forecast.
   double lin_weight_ = 0, lin_y_mean_ = 0, lin_resid_var_ = 0;  // and its residuals' running variance
   std::vector<double> lin_u_mean_, lin_uu_, lin_uy_, pending_u_;
+  // Proportional models: speed per unit of the ratio input (0 until the first good step scored).
+  std::array<double, kRatios> ratio_{};
 
   std::vector<float, CacheAligned<float>> buffer_x_;  // ring of (inputs, residual target)
   std::vector<float> buffer_y_;

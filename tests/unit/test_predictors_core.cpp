@@ -23,7 +23,9 @@ const std::vector<std::string> kSpecs = {"last",
                                          "narx",
                                          "oracle",
                                          "narx:dy=2,du=1,hidden=4,window=16,lr=0.02,epochs=1,batch=4",
-                                         "narx:forget=1,ridge=0"};
+                                         "narx:forget=1,ridge=0",
+                                         "narx:ratio=1",
+                                         "narx:ratio=-1"};
 constexpr int kExo = 2;
 
 // A noisy positive series with an exogenous input that matters.
@@ -61,7 +63,7 @@ TEST(PredictorFactory, BuildsEveryValidSpec) {
 TEST(PredictorFactory, RejectsBadSpecsNamingThemAndListingValidOnes) {
   for (std::string bad : {"", "lstm", "ema:2", "ema:abc", "ema:0", "arima:1,0", "arima:1,x,1", "arima:9,0,0",
                           "narx:dy=0", "narx:depth=3", "narx:dy", "last:1", "arima:1,0,1,win=3", "narx:lr=-1",
-                          "narx:forget=0", "narx:forget=1.5", "narx:ridge=-1"}) {
+                          "narx:forget=0", "narx:forget=1.5", "narx:ridge=-1", "narx:ratio=-2"}) {
     try {
       make_predictor(bad, 1, 0);
       ADD_FAILURE() << "accepted bad spec '" << bad << "'";

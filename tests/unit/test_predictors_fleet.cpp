@@ -1,7 +1,7 @@
 // A fleet of predictor states updated through for_each_worker (as LbbspCpuBalancer::next does): identical
 // results for any thread count, prefetch() changes nothing, exceptions surface; and NARX checkpoints of the
-// older formats (narx/1: double precision; narx/2: no exogenous linear model) still load, into exactly the
-// state the current format (narx/3) describes.
+// older formats (narx/1: double precision; narx/2: no exogenous linear model; narx/3: no proportional
+// models) still load, into exactly the state the current format (narx/4) describes.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -83,12 +83,14 @@ TEST(PredictorFleet, EveryWorkerOnceAndTheLowestFailureIsRethrown) {
 }
 
 // A NARX state in the layout of format narx/1 (network in double, W1 hidden-major), narx/2 (float, W1
-// input-major, Adam's running bias powers, the stale flag) or narx/3 (narx/2 plus the exogenous linear model:
-// its options, its candidate slot between the EMAs and the network, its statistics), from the same values.
-// The narx/3 state is the one the older ones migrate to: an empty linear model scored with the largest
-// recent squared error of the others, its pending forecast the base, its regressors the newest exo values.
+// input-major, Adam's running bias powers, the stale flag), narx/3 (narx/2 plus the exogenous linear model:
+// its options, its candidate slot between the EMAs and the network, its statistics) or narx/4 (narx/3 plus
+// the proportional models: the ratio input, two candidate slots between the EMAs and the linear model, their
+// levels), from the same values. The narx/4 state is the one the older ones migrate to: empty models scored
+// with the largest recent squared error of the others, their pending forecasts the base, the linear model's
+// regressors the newest exo values, the ratio input the default (0).
 std::string narx_state(int version) {
-  const bool v1 = version == 1, v3 = version == 3;
+  const bool v1 = version == 1, v3 = version >= 3, v4 = version == 4;
   const int dy = 2, du = 1, hidden = 3, window = 4, num_exo = 1;
   const int n_in = dy + 3 + (du + 1) * num_exo;
   const int params = hidden * (n_in + 2) + 1;
@@ -105,6 +107,7 @@ std::string narx_state(int version) {
     w.put(0.98);  // forget
     w.put(0.01);  // ridge
   }
+  if (v4) w.put(0);  // ratio input
   w.put(num_exo);
   w.put(uint64_t{12345});
   // Values exactly representable in float, so both formats describe the same network.
@@ -143,7 +146,9 @@ std::string narx_state(int version) {
   w.put_vector(std::vector<double>{0.25});     // exo lags
   w.put_vector(std::vector<double>{98, 102, 95, 104});
   w.put(1);  // recent head
-  if (v3)
+  if (v4)
+    w.put(std::array<double, 8>{4, 3, 5, 6, 6, 6, 6, 2});  // last, 3 EMAs, 2 ratios, linear, network
+  else if (v3)
     w.put(std::array<double, 6>{4, 3, 5, 6, 6, 2});  // last, 3 EMAs, linear, network
   else
     w.put(std::array<double, 5>{4, 3, 5, 6, 2});
@@ -154,7 +159,9 @@ std::string narx_state(int version) {
     w.put_vector(x);
   else
     w.put_vector(std::vector<float>(x.begin(), x.end()));
-  if (v3)
+  if (v4)
+    w.put(std::array<double, 8>{98, 99, 100, 101, 99.5, 99.5, 99.5, 97});
+  else if (v3)
     w.put(std::array<double, 6>{98, 99, 100, 101, 99.5, 97});
   else
     w.put(std::array<double, 5>{98, 99, 100, 101, 97});
@@ -182,18 +189,21 @@ std::string narx_state(int version) {
     w.put_vector(std::vector<double>{0});     // cross scatter with the speed
     w.put_vector(std::vector<double>{0.25});  // pending regressors (= the exo lags)
   }
+  if (v4) w.put(std::array<double, 2>{0, 0});  // proportional models: no data yet
   return w.str();
 }
 
 TEST(NarxCheckpoint, OlderFormatsLoadIntoTheSameState) {
   auto from_v1 = make_predictor("narx", 1, 0), from_v2 = make_predictor("narx", 1, 0),
-       from_v3 = make_predictor("narx", 1, 0);
+       from_v3 = make_predictor("narx", 1, 0), from_v4 = make_predictor("narx", 1, 0);
   from_v1->load_state(narx_state(1));
   from_v2->load_state(narx_state(2));
   from_v3->load_state(narx_state(3));
+  from_v4->load_state(narx_state(4));
   ASSERT_EQ(from_v1->save_state(), from_v2->save_state());
   ASSERT_EQ(from_v2->save_state(), from_v3->save_state());
-  ASSERT_EQ(from_v3->save_state(), narx_state(3));  // the hand-written layout is the real one
+  ASSERT_EQ(from_v3->save_state(), from_v4->save_state());
+  ASSERT_EQ(from_v4->save_state(), narx_state(4));  // the hand-written layout is the real one
   for (int t = 0; t < 50; ++t) {
     const double s = 100 + 10 * std::sin(0.4 * t), u = 0.5 + 0.1 * std::cos(0.4 * t);
     from_v1->observe(s, {u});
@@ -202,7 +212,7 @@ TEST(NarxCheckpoint, OlderFormatsLoadIntoTheSameState) {
     ASSERT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "step " << t;
     ASSERT_TRUE(std::isfinite(a) && a > 0);
   }
-  for (int version : {1, 2, 3}) {
+  for (int version : {1, 2, 3, 4}) {
     std::string truncated = narx_state(version);
     truncated.resize(truncated.size() - 5);
     EXPECT_THROW(from_v1->load_state(truncated), std::invalid_argument) << version;
