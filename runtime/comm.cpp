@@ -1,6 +1,9 @@
 #include "runtime/comm.hpp"
 
 #include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h>  // Open MPI's extensions: MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support
+#endif
 
 #include <cstdio>
 #include <cstdlib>
@@ -66,6 +69,33 @@ void Comm::barrier() {
 }
 double Comm::wtime() const {
   return MPI_Wtime();
+}
+
+std::string Comm::cuda_support() const {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1 ? "Open MPI built with CUDA support, enabled at run time"
+                                        : "Open MPI built with CUDA support, but disabled at run time";
+#elif defined(MPIX_CUDA_AWARE_SUPPORT)
+  return "this Open MPI was built without CUDA support";
+#elif defined(MPIX_GPU_SUPPORT_CUDA)
+  int supported = 0;
+  MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported);
+  return supported ? "MPICH with CUDA support" : "this MPICH has no CUDA support enabled";
+#else
+  return "this MPI library does not say whether it supports CUDA memory";
+#endif
+}
+
+bool Comm::cuda_aware() const {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+  return MPIX_Query_cuda_support() == 1;
+#elif defined(MPIX_GPU_SUPPORT_CUDA)
+  int supported = 0;
+  MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported);
+  return supported != 0;
+#else
+  return false;
+#endif
 }
 
 void Comm::abort(const std::string& message, int code) const {

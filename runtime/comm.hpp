@@ -28,6 +28,10 @@ class Comm {
   void bcast(std::string* s, int root = 0);
   void barrier();
   double wtime() const;
+  // Whether MPI calls accept CUDA device pointers: Open MPI's MPIX_Query_cuda_support or MPICH's
+  // MPIX_GPU_query_support when the library has them, else false. cuda_support() says which and why.
+  bool cuda_aware() const;
+  std::string cuda_support() const;
 
   // Prints "lbbsp: rank R: error: MESSAGE" once and ends every rank of the job (MPI_Abort). Never returns.
   [[noreturn]] void abort(const std::string& message, int code = 1) const;

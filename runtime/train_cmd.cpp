@@ -20,6 +20,17 @@ void add_train_command(CLI::App& app) {
   t->add_option("--device", c.device, "cpu | cuda (one GPU per rank, chosen from the node-local rank)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  t->add_option(
+       "--gpu-params", c.gpu_params,
+       "cuda: device (parameters, optimizer and gradient stay on the GPU) | host (copied every step)")
+      ->check(CLI::IsMember({"device", "host"}))
+      ->capture_default_str();
+  t->add_option(
+       "--gpu-allreduce", c.gpu_allreduce,
+       "cuda with --gpu-params device: auto (cuda-aware when MPI supports it) | staged (through host "
+       "memory) | cuda-aware")
+      ->check(CLI::IsMember({"auto", "staged", "cuda-aware"}))
+      ->capture_default_str();
   t->add_option("--hidden", c.hidden, "MLP hidden widths, e.g. 256,128")
       ->delimiter(',')
       ->capture_default_str();

@@ -28,6 +28,7 @@
 #include "runtime/dataset.hpp"
 #include "runtime/h5.hpp"
 #include "runtime/monitor.hpp"
+#include "runtime/step_engine.hpp"
 #include "runtime/straggler.hpp"
 #include "runtime/telemetry.hpp"
 #include "runtime/topology.hpp"
@@ -123,8 +124,7 @@ struct EvalResult {
 };
 
 // Every rank evaluates a contiguous share of the test set; one allreduce sums loss and correct counts.
-EvalResult evaluate(models::Model& model, const std::vector<float>& params, const Dataset& test, int64_t rows,
-                    Comm& comm) {
+EvalResult evaluate(StepEngine& engine, const Dataset& test, int64_t rows, Comm& comm) {
   int64_t lo = rows * comm.rank() / comm.size(), hi = rows * (comm.rank() + 1) / comm.size();
   const int64_t chunk = 512;
   const int dim = test.shape().size();
@@ -136,7 +136,7 @@ EvalResult evaluate(models::Model& model, const std::vector<float>& params, cons
     int64_t n = std::min(chunk, hi - s);
     std::iota(idx.begin(), idx.begin() + n, s);
     test.gather(idx.data(), n, x.data(), y.data());
-    auto st = model.evaluate(params.data(), x.data(), y.data(), static_cast<int>(n));
+    auto st = engine.evaluate(x.data(), y.data(), static_cast<int>(n));
     sums[0] += st.loss_sum;
     sums[1] += static_cast<double>(st.correct);
   }
@@ -468,6 +468,17 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     }
     comm.bcast(batch.data(), R);
   }
+  StepEngineConfig ec;
+  ec.device = cfg.device;
+  ec.gpu_params = cfg.gpu_params;
+  ec.gpu_allreduce = cfg.gpu_allreduce;
+  ec.momentum = cfg.momentum;
+  ec.weight_decay = cfg.weight_decay;
+  StepEngine engine(ec, *model, params, sgd, buf_len - P, comm);
+  if (root && !cfg.quiet && cfg.device == "cuda") {
+    std::printf("gpu: parameters and gradient reduction %s\n", engine.mode().c_str());
+    std::fflush(stdout);
+  }
   auto save_checkpoint = [&](int64_t next_it) {
     // Rank 0 only. A failed write (disk full, ...) is reported and training continues: the older checkpoints
     // are untouched, since a new one only appears by rename after it is complete and synced.
@@ -476,6 +487,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     st.ranks = R;
     st.lag = cfg.lag;
     st.balancer = cfg.balancer;
+    engine.pull_to_host();
     st.params = params;
     st.velocity = sgd.velocity();
     st.batch = batch;
@@ -522,7 +534,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
       }
     }
     train.gather(rows.data(), n, x.data(), y.data());
-    auto stats = model->forward_backward(params.data(), x.data(), y.data(), static_cast<int>(n), buf.data());
+    auto stats = engine.forward_backward(x.data(), y.data(), static_cast<int>(n), buf.data());
     if (it == fault.iteration && me == fault.rank && fault.kind == "nan") stats.loss_sum = NAN;
     const double real_s = seconds_since(t_compute);
     const double target_s = straggler.emulated_seconds(me, elapsed, n, real_s);
@@ -552,7 +564,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
 
     watchdog.beat(it, "allreduce");
     const auto t_ar = Clock::now();
-    comm.allreduce_sum(buf.data(), buf_len);
+    engine.allreduce(buf.data(), buf_len);
     const double ar_s = seconds_since(t_ar);
 
     const double loss_sum = buf[off_stats], correct = buf[off_stats + 1];
@@ -561,7 +573,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
                                " at iteration " + std::to_string(it) + " (epoch " + std::to_string(epoch) +
                                "); lower --lr or check the data");
     }
-    sgd.step(params.data(), buf.data(), X, schedule.lr_at(it));
+    engine.sgd_step(buf.data(), X, schedule.lr_at(it));
     epoch_loss += loss_sum;
     epoch_correct += static_cast<int64_t>(correct);
     epoch_samples += X;
@@ -663,7 +675,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     }
     if (eval_now) {
       watchdog.beat(it, "evaluation");
-      auto ev = evaluate(*model, params, test, n_test, comm);
+      auto ev = evaluate(engine, test, n_test, comm);
       last_test_acc = ev.accuracy;
       last_test_loss = ev.loss;
       if (cfg.target_accuracy > 0 && time_to_target < 0 && ev.accuracy >= cfg.target_accuracy)
@@ -713,6 +725,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   if (tty) std::printf("\n");
 
   // Every rank applied the same reduced updates: check that the parameters really agree.
+  engine.pull_to_host();
   double wsum = 0;
   for (size_t i = 0; i < P; ++i) wsum += params[i] * static_cast<double>((i % 97) + 1);
   double mn = wsum, mx = wsum;
@@ -743,6 +756,8 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   s["predictor"] = cfg.balancer == "lbbsp-cpu" ? cfg.predictor : "";
   s["straggle"] = cfg.straggle;
   s["lag"] = cfg.lag;
+  s["device"] = cfg.device;
+  s["step_mode"] = engine.mode();
   s["mean_iteration_s"] = it ? train_time / it : 0.0;
   s["wait_fraction"] = train_time > 0 ? wait_rank_time / (R * train_time) : 0.0;
   s["balancer_overhead_fraction"] = train_time > 0 ? coord_time / train_time : 0.0;

@@ -12,7 +12,9 @@ namespace lbbsp::runtime {
 struct TrainConfig {
   std::string data;
   std::string model = "mlp";
-  std::string device = "cpu";  // cpu | cuda (one GPU per rank, chosen from the local rank)
+  std::string device = "cpu";          // cpu | cuda (one GPU per rank, chosen from the local rank)
+  std::string gpu_params = "device";   // cuda: device (resident) | host (copied in and out every step)
+  std::string gpu_allreduce = "auto";  // cuda resident: auto | staged | cuda-aware (runtime/step_engine.hpp)
   std::vector<int> hidden = {256, 128};
   int epochs = 1;
   int64_t global_batch = 64;

@@ -1,7 +1,9 @@
 // CudaModel: models::Model on a GPU with HOST pointers in the interface, so the trainer and the host-staged
 // MPI allreduce work unchanged. Each call copies parameters, inputs and labels in, runs our kernels and
-// cuBLAS on the model's own stream, and copies the gradient sum back to ADD it into the host grad. The layer
-// structure is read from the CPU model's tensors(), so both share one parameter layout by construction.
+// cuBLAS on the model's own stream, and copies the gradient sum back to ADD it into the host grad. Its
+// DeviceResident face keeps parameters, velocity and the gradient on the device instead (cuda_models.hpp).
+// The layer structure is read from the CPU model's tensors(), so both share one parameter layout by
+// construction.
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -67,7 +69,7 @@ constexpr int kEvalChunk = 1024;
 
 // Owns the host model (layout, init, FLOPs), the stream, the cuBLAS handle and the buffers every model needs;
 // subclasses provide the forward pass (to logits) and the backward pass (from dlogits).
-class CudaModel : public Model {
+class CudaModel : public Model, public DeviceResident {
  public:
   CudaModel(std::unique_ptr<Model> host, int classes) : host_(std::move(host)), classes_(classes) {
     LBBSP_CUDA_CHECK(cudaGetDevice(&device_));
@@ -101,16 +103,7 @@ class CudaModel : public Model {
     if (n == 0) return {};
     LBBSP_CUDA_CHECK(cudaSetDevice(device_));
     upload_params(params);
-    const float* dx = upload_batch(x, y, n);
-    LBBSP_CUDA_CHECK(cudaMemsetAsync(grad_.get(), 0, num_params() * sizeof(float), stream_));
-    LBBSP_CUDA_CHECK(cudaMemsetAsync(totals_.get(), 0, sizeof(StepTotals), stream_));
-
-    const float* logits = forward(dx, n);
-    float* dlogits = dlogits_buffer(n);
-    softmax_xent(logits, labels_.get(), n, classes_, dlogits, loss_.ensure(n), correct_.ensure(n), stream_);
-    reduce_stats(loss_.get(), correct_.get(), n, totals_.get(), stream_);
-    backward(dx, n, dlogits);
-
+    run_forward_backward(x, y, n);
     LBBSP_CUDA_CHECK(cudaMemcpyAsync(host_grad_.data(), grad_.get(), num_params() * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream_));
     const StepStats stats = download_totals();  // synchronises the stream
@@ -123,17 +116,88 @@ class CudaModel : public Model {
     if (n == 0) return {};
     LBBSP_CUDA_CHECK(cudaSetDevice(device_));
     upload_params(params);
-    LBBSP_CUDA_CHECK(cudaMemsetAsync(totals_.get(), 0, sizeof(StepTotals), stream_));
-    const size_t sample = host_input_size();
-    for (int s0 = 0; s0 < n; s0 += kEvalChunk) {
-      const int count = std::min(kEvalChunk, n - s0);
-      const float* dx = upload_batch(x + size_t(s0) * sample, y + s0, count);
-      const float* logits = forward(dx, count);
-      softmax_xent(logits, labels_.get(), count, classes_, nullptr, loss_.ensure(count),
-                   correct_.ensure(count), stream_);
-      reduce_stats(loss_.get(), correct_.get(), count, totals_.get(), stream_);
+    return run_evaluate(x, y, n);
+  }
+
+  // ---- DeviceResident ----
+  void enable_resident(size_t extra, double momentum, double weight_decay) override {
+    if (momentum < 0.0 || momentum >= 1.0)
+      throw std::invalid_argument("enable_resident: momentum must be in [0, 1), got " +
+                                  std::to_string(momentum));
+    if (weight_decay < 0.0)
+      throw std::invalid_argument("enable_resident: weight decay must not be negative, got " +
+                                  std::to_string(weight_decay));
+    LBBSP_CUDA_CHECK(cudaSetDevice(device_));
+    momentum_ = momentum, weight_decay_ = weight_decay, buffer_len_ = num_params() + extra;
+    grad_.ensure(buffer_len_);
+    LBBSP_CUDA_CHECK(cudaMemsetAsync(grad_.get(), 0, buffer_len_ * sizeof(float), stream_));
+    LBBSP_CUDA_CHECK(
+        cudaMemsetAsync(velocity_.ensure(num_params()), 0, num_params() * sizeof(float), stream_));
+    LBBSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    resident_ = true;
+  }
+  void load_state(const float* params, const float* velocity) override {
+    require_resident("load_state");
+    upload_params(params);
+    if (velocity)
+      LBBSP_CUDA_CHECK(cudaMemcpyAsync(velocity_.get(), velocity, num_params() * sizeof(float),
+                                       cudaMemcpyHostToDevice, stream_));
+    else
+      LBBSP_CUDA_CHECK(cudaMemsetAsync(velocity_.get(), 0, num_params() * sizeof(float), stream_));
+    LBBSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void store_state(float* params, float* velocity) override {
+    require_resident("store_state");
+    const size_t bytes = num_params() * sizeof(float);
+    if (params)
+      LBBSP_CUDA_CHECK(cudaMemcpyAsync(params, params_.get(), bytes, cudaMemcpyDeviceToHost, stream_));
+    if (velocity)
+      LBBSP_CUDA_CHECK(cudaMemcpyAsync(velocity, velocity_.get(), bytes, cudaMemcpyDeviceToHost, stream_));
+    LBBSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  StepStats forward_backward_resident(const float* x, const uint8_t* y, int n) override {
+    require_resident("forward_backward_resident");
+    check_labels(y, n, classes_);
+    if (n == 0) {
+      LBBSP_CUDA_CHECK(cudaMemsetAsync(grad_.get(), 0, num_params() * sizeof(float), stream_));
+      LBBSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      return {};
     }
+    run_forward_backward(x, y, n);
     return download_totals();
+  }
+  StepStats evaluate_resident(const float* x, const uint8_t* y, int n) override {
+    require_resident("evaluate_resident");
+    check_labels(y, n, classes_);
+    if (n == 0) return {};
+    return run_evaluate(x, y, n);
+  }
+  float* reduction_buffer() override {
+    require_resident("reduction_buffer");
+    return grad_.get();
+  }
+  void buffer_to_host(size_t offset, size_t count, float* host) override {
+    check_range("buffer_to_host", offset, count);
+    LBBSP_CUDA_CHECK(
+        cudaMemcpyAsync(host, grad_.get() + offset, count * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    LBBSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void buffer_from_host(size_t offset, size_t count, const float* host) override {
+    check_range("buffer_from_host", offset, count);
+    LBBSP_CUDA_CHECK(
+        cudaMemcpyAsync(grad_.get() + offset, host, count * sizeof(float), cudaMemcpyHostToDevice, stream_));
+    LBBSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void sgd_step(int64_t global_batch, double lr) override {
+    require_resident("sgd_step");
+    if (global_batch <= 0)
+      throw std::invalid_argument("sgd_step: global batch must be positive, got " +
+                                  std::to_string(global_batch));
+    // The same float constants as models::Sgd::step.
+    sgd_momentum_step(params_.get(), grad_.get(), velocity_.get(), num_params(),
+                      float(1.0 / double(global_batch)), float(weight_decay_), float(momentum_), float(lr),
+                      stream_);
+    LBBSP_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
  protected:
@@ -167,6 +231,43 @@ class CudaModel : public Model {
   DeviceBuffer<float> bias_ws_;  // bias_backward scratch
 
  private:
+  // Upload the batch, zero the gradient sums and the totals, run forward, loss and backward (asynchronous).
+  void run_forward_backward(const float* x, const uint8_t* y, int n) {
+    LBBSP_CUDA_CHECK(cudaSetDevice(device_));
+    const float* dx = upload_batch(x, y, n);
+    LBBSP_CUDA_CHECK(cudaMemsetAsync(grad_.get(), 0, num_params() * sizeof(float), stream_));
+    LBBSP_CUDA_CHECK(cudaMemsetAsync(totals_.get(), 0, sizeof(StepTotals), stream_));
+    const float* logits = forward(dx, n);
+    float* dlogits = dlogits_buffer(n);
+    softmax_xent(logits, labels_.get(), n, classes_, dlogits, loss_.ensure(n), correct_.ensure(n), stream_);
+    reduce_stats(loss_.get(), correct_.get(), n, totals_.get(), stream_);
+    backward(dx, n, dlogits);
+  }
+  StepStats run_evaluate(const float* x, const uint8_t* y, int n) {
+    LBBSP_CUDA_CHECK(cudaSetDevice(device_));
+    LBBSP_CUDA_CHECK(cudaMemsetAsync(totals_.get(), 0, sizeof(StepTotals), stream_));
+    const size_t sample = host_input_size();
+    for (int s0 = 0; s0 < n; s0 += kEvalChunk) {
+      const int count = std::min(kEvalChunk, n - s0);
+      const float* dx = upload_batch(x + size_t(s0) * sample, y + s0, count);
+      const float* logits = forward(dx, count);
+      softmax_xent(logits, labels_.get(), count, classes_, nullptr, loss_.ensure(count),
+                   correct_.ensure(count), stream_);
+      reduce_stats(loss_.get(), correct_.get(), count, totals_.get(), stream_);
+    }
+    return download_totals();
+  }
+  void require_resident(const char* what) const {
+    if (!resident_) throw std::logic_error(std::string(what) + ": call enable_resident first");
+    LBBSP_CUDA_CHECK(cudaSetDevice(device_));
+  }
+  void check_range(const char* what, size_t offset, size_t count) const {
+    require_resident(what);
+    if (offset > buffer_len_ || count > buffer_len_ - offset)
+      throw std::out_of_range(std::string(what) + ": floats [" + std::to_string(offset) + ", " +
+                              std::to_string(offset + count) + ") outside the reduction buffer of " +
+                              std::to_string(buffer_len_));
+  }
   // 1 MB at most for these models: copying every call is cheaper than tracking changes.
   void upload_params(const float* params) {
     LBBSP_CUDA_CHECK(cudaMemcpyAsync(params_.get(), params, num_params() * sizeof(float),
@@ -187,12 +288,15 @@ class CudaModel : public Model {
     return {totals.loss_sum, int64_t(totals.correct)};
   }
 
-  DeviceBuffer<float> params_, grad_, x_;
+  DeviceBuffer<float> params_, grad_, x_, velocity_;  // grad_: the reduction buffer when resident
   DeviceBuffer<uint8_t> labels_;
   DeviceBuffer<double> loss_;
   DeviceBuffer<int> correct_;
   DeviceBuffer<StepTotals> totals_;
   std::vector<float> host_grad_;
+  bool resident_ = false;
+  double momentum_ = 0, weight_decay_ = 0;
+  size_t buffer_len_ = 0;
 };
 
 // Dense layers with ReLU between them (logreg: one layer). Same passes as models/mlp.cpp.
@@ -394,6 +498,10 @@ std::unique_ptr<Model> make_cuda_model(const ModelConfig& cfg, std::unique_ptr<M
   if (cfg.kind == "cnn") return std::make_unique<cuda::CudaCnn>(std::move(host_model), cfg);
   throw std::invalid_argument("make_cuda_model: unknown model '" + cfg.kind +
                               "' (expected logreg, mlp or cnn)");
+}
+
+DeviceResident* device_resident(Model& model) {
+  return dynamic_cast<DeviceResident*>(&model);
 }
 
 }  // namespace lbbsp::models

@@ -33,4 +33,34 @@ constexpr size_t kCudaConvWorkspaceBytes = size_t(128) << 20;
 // call, and the gradient sum is copied back and ADDED into the host grad.
 std::unique_ptr<Model> make_cuda_model(const ModelConfig& cfg, std::unique_ptr<Model> host_model);
 
+// Device-resident training, the other face of every CUDA model: parameters, SGD velocity and one reduction
+// buffer [gradient sums (num_params) | `extra` floats the caller fills] stay on the GPU, so a step copies in
+// only its samples, and the buffer can go straight to a CUDA-aware MPI_Allreduce (or be staged through the
+// host with two copies). Do not mix with the host-pointer calls of Model: those overwrite the device
+// parameters.
+class DeviceResident {
+ public:
+  virtual ~DeviceResident() = default;
+  // Allocates velocity and the reduction buffer; velocity starts at zero. Call once, before the rest.
+  virtual void enable_resident(size_t extra, double momentum, double weight_decay) = 0;
+  // Host -> device (velocity may be null: zero); device -> host (either pointer may be null). Synchronous.
+  virtual void load_state(const float* params, const float* velocity) = 0;
+  virtual void store_state(float* params, float* velocity) = 0;
+  // WRITES the gradient sum of the n samples into the buffer's first num_params floats (zero when n is 0);
+  // the extra floats are left as they are.
+  virtual StepStats forward_backward_resident(const float* x, const uint8_t* y, int n) = 0;
+  // Forward only, with the device parameters.
+  virtual StepStats evaluate_resident(const float* x, const uint8_t* y, int n) = 0;
+  // The reduction buffer (a DEVICE pointer) and synchronous copies of its floats [offset, offset + count).
+  virtual float* reduction_buffer() = 0;
+  virtual void buffer_to_host(size_t offset, size_t count, float* host) = 0;
+  virtual void buffer_from_host(size_t offset, size_t count, const float* host) = 0;
+  // models::Sgd::step on the device with the buffer's first num_params floats as the gradient sum over
+  // global_batch samples.
+  virtual void sgd_step(int64_t global_batch, double lr) = 0;
+};
+
+// The device-resident face of a model made for device "cuda"; nullptr for any other model.
+DeviceResident* device_resident(Model& model);
+
 }  // namespace lbbsp::models

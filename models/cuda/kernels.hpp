@@ -68,6 +68,12 @@ void im2col(const ConvGeometry& g, const float* x, int samples, float* col, cuda
 // The adjoint of im2col: WRITES dx(s, ci, iy, ix) = sum of the col entries that im2col copied from it.
 void col2im(const ConvGeometry& g, const float* col, int samples, float* dx, cudaStream_t stream);
 
+// ---- sgd.cu: the optimizer on device-resident parameters (models::Sgd::step on the CPU) ----
+// g = grad_sum * inv_batch + weight_decay * params; velocity = momentum * velocity + g; params -= lr *
+// velocity.
+void sgd_momentum_step(float* params, const float* grad_sum, float* velocity, size_t count, float inv_batch,
+                       float weight_decay, float momentum, float lr, cudaStream_t stream);
+
 // ---- gemm.cpp: row-major C = alpha * op(A) * op(B) + beta * C, the signature of models/gemm.hpp ----
 // Full FP32 (no TF32), so results match the CPU to rounding.
 void gemm(cublasHandle_t handle, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,

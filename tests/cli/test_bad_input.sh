@@ -18,6 +18,10 @@ expect_fail "hidden: widths must be positive, got 0" "$LBBSP" "${T[@]}" --hidden
 expect_fail "Could not convert: --hidden = 32,abc" "$LBBSP" "${T[@]}" --hidden 32,abc
 expect_fail "bind: socket not in \{core,none\}" "$LBBSP" "${T[@]}" --bind socket
 expect_fail "device: tpu not in" "$LBBSP" "${T[@]}" --device tpu
+expect_fail "gpu-params: gpu not in" "$LBBSP" "${T[@]}" --gpu-params gpu
+expect_fail "gpu-allreduce: nccl not in" "$LBBSP" "${T[@]}" --gpu-allreduce nccl
+expect_fail "gpu-allreduce cuda-aware needs the gradient on the GPU: use it with --gpu-params device" \
+  "$LBBSP" "${T[@]}" --gpu-params host --gpu-allreduce cuda-aware
 expect_fail "eval-every: Value -1 not in range" "$LBBSP" "${T[@]}" --eval-every -1
 expect_fail "iteration-timeout: Value 0 not in range" "$LBBSP" "${T[@]}" --iteration-timeout 0
 expect_fail "checkpoint-every: Value 0 not in range" "$LBBSP" "${T[@]}" --checkpoint-every 0

@@ -20,6 +20,7 @@
 
 #include "models/cuda/cuda_models.hpp"
 #include "models/model.hpp"
+#include "models/optimizer.hpp"
 
 namespace {
 
@@ -261,6 +262,132 @@ TEST(GpuModels, RejectsBadLabels) {
   const std::vector<uint8_t> y = {3, 10};
   EXPECT_THROW(gpu->forward_backward(params.data(), x.data(), y.data(), 2, grad.data()), std::out_of_range);
   EXPECT_THROW(gpu->evaluate(params.data(), x.data(), y.data(), 2), std::out_of_range);
+}
+
+// ---- Device-resident training (DeviceResident: parameters, velocity and gradient stay on the GPU) ----
+
+DeviceResident& resident_of(Model& gpu) {
+  DeviceResident* r = device_resident(gpu);
+  if (!r) throw std::logic_error("a CUDA model has no DeviceResident face");
+  return *r;
+}
+
+// The resident step runs the same kernels as the host-pointer one: identical gradient and statistics,
+// the extra floats after the gradient untouched, and n = 0 writes a zero gradient.
+TEST(GpuResident, ForwardBackwardMatchesHostInterface) {
+  SKIP_WITHOUT_GPU();
+  for (const Shape& shape : shapes()) {
+    SCOPED_TRACE(shape.label);
+    auto host_iface = make_model(on(shape.cfg, "cuda"));
+    auto gpu = make_model(on(shape.cfg, "cuda"));
+    DeviceResident& r = resident_of(*gpu);
+    const size_t P = gpu->num_params(), extra = 5;
+    r.enable_resident(extra, 0.9, 0.0);
+    const std::vector<float> params = test_params(*gpu, 41);
+    r.load_state(params.data(), nullptr);
+    const std::vector<float> tail = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f};
+    r.buffer_from_host(P, extra, tail.data());
+    for (int n : {37, 0, 5}) {
+      const Batch b = test_batch(shape.cfg, n, 42 + n);
+      std::vector<float> want(P, 0.0f), got(P + extra, -1.0f);
+      const StepStats s_want =
+          host_iface->forward_backward(params.data(), b.x.data(), b.y.data(), n, want.data());
+      const StepStats s_got = r.forward_backward_resident(b.x.data(), b.y.data(), n);
+      r.buffer_to_host(0, P + extra, got.data());
+      EXPECT_EQ(s_got.loss_sum, s_want.loss_sum) << "n=" << n;
+      EXPECT_EQ(s_got.correct, s_want.correct) << "n=" << n;
+      for (size_t i = 0; i < P; ++i) ASSERT_EQ(got[i], want[i]) << "n=" << n << " parameter " << i;
+      for (size_t i = 0; i < extra; ++i) EXPECT_EQ(got[P + i], tail[i]) << "extra float " << i;
+    }
+    // evaluate_resident uses the device parameters.
+    const Batch e = test_batch(shape.cfg, 1100, 43);
+    const StepStats ev_want = host_iface->evaluate(params.data(), e.x.data(), e.y.data(), 1100);
+    const StepStats ev_got = r.evaluate_resident(e.x.data(), e.y.data(), 1100);
+    EXPECT_EQ(ev_got.loss_sum, ev_want.loss_sum);
+    EXPECT_EQ(ev_got.correct, ev_want.correct);
+  }
+}
+
+// The optimizer kernel against models::Sgd::step, the CPU reference, over several steps with weight decay,
+// changing learning rates and a nonzero starting velocity; store_state returns parameters and velocity.
+TEST(GpuResident, SgdStepMatchesCpuOptimizer) {
+  SKIP_WITHOUT_GPU();
+  const ModelConfig cfg = config("mlp", {1, 6, 5}, 7, {32, 16, 8});
+  auto gpu = make_model(on(cfg, "cuda"));
+  DeviceResident& r = resident_of(*gpu);
+  const size_t P = gpu->num_params();
+  const double momentum = 0.9, wd = 5e-4;
+  r.enable_resident(3, momentum, wd);
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> params(P), velocity(P), grad(P);
+  for (auto& v : params) v = normal(rng);
+  for (auto& v : velocity) v = 0.1f * normal(rng);
+  Sgd cpu(P, momentum, wd);
+  cpu.velocity() = velocity;
+  std::vector<float> cpu_params = params;
+  r.load_state(params.data(), velocity.data());
+  for (int step = 0; step < 5; ++step) {
+    for (auto& v : grad) v = 64.0f * normal(rng);
+    const double lr = 0.1 / (step + 1);
+    cpu.step(cpu_params.data(), grad.data(), 64, lr);
+    r.buffer_from_host(0, P, grad.data());
+    r.sgd_step(64, lr);
+  }
+  std::vector<float> got_p(P), got_v(P);
+  r.store_state(got_p.data(), got_v.data());
+  for (size_t i = 0; i < P; ++i) {
+    // Only fused multiply-adds can differ: a few ulps after 5 steps.
+    ASSERT_NEAR(got_p[i], cpu_params[i], 1e-6 * std::max(1.0f, std::fabs(cpu_params[i])))
+        << "parameter " << i;
+    ASSERT_NEAR(got_v[i], cpu.velocity()[i], 1e-6 * std::max(1.0f, std::fabs(cpu.velocity()[i])))
+        << "velocity " << i;
+  }
+}
+
+// A few full steps (forward, backward, SGD) on the device agree with the CPU model and optimizer.
+TEST(GpuResident, TrainingStepsTrackTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const Shape& shape : shapes()) {
+    SCOPED_TRACE(shape.label);
+    auto cpu = make_model(shape.cfg);
+    auto gpu = make_model(on(shape.cfg, "cuda"));
+    DeviceResident& r = resident_of(*gpu);
+    const size_t P = cpu->num_params();
+    r.enable_resident(0, 0.9, 0.0);
+    std::vector<float> params = test_params(*cpu, 51);
+    r.load_state(params.data(), nullptr);
+    Sgd sgd(P, 0.9, 0.0);
+    for (int step = 0; step < 3; ++step) {
+      const Batch b = test_batch(shape.cfg, 16, 52 + step);
+      std::vector<float> g(P, 0.0f);
+      const StepStats s_cpu = cpu->forward_backward(params.data(), b.x.data(), b.y.data(), 16, g.data());
+      const StepStats s_gpu = r.forward_backward_resident(b.x.data(), b.y.data(), 16);
+      expect_loss_close(s_gpu, s_cpu, 16, "step " + std::to_string(step));
+      sgd.step(params.data(), g.data(), 16, 0.01);
+      r.sgd_step(16, 0.01);
+    }
+    std::vector<float> got(P);
+    r.store_state(got.data(), nullptr);
+    expect_grad_close(*cpu, got, params, "parameters after 3 steps");
+  }
+}
+
+TEST(GpuResident, MisuseIsRejected) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = make_model(on(config("logreg"), "cuda"));
+  DeviceResident& r = resident_of(*gpu);
+  std::vector<float> host(gpu->num_params() + 4);
+  EXPECT_THROW(r.sgd_step(8, 0.1), std::logic_error);  // before enable_resident
+  EXPECT_THROW(r.enable_resident(0, 1.0, 0.0), std::invalid_argument);
+  EXPECT_THROW(r.enable_resident(0, 0.9, -1.0), std::invalid_argument);
+  r.enable_resident(2, 0.9, 0.0);
+  EXPECT_THROW(r.buffer_to_host(gpu->num_params(), 3, host.data()), std::out_of_range);
+  EXPECT_THROW(r.buffer_from_host(gpu->num_params() + 3, 0, host.data()), std::out_of_range);
+  EXPECT_NO_THROW(r.buffer_to_host(gpu->num_params(), 2, host.data()));
+  EXPECT_THROW(r.sgd_step(0, 0.1), std::invalid_argument);
+  auto cpu = make_model(config("logreg"));
+  EXPECT_EQ(device_resident(*cpu), nullptr);
 }
 
 TEST(GpuDevice, SelectsLocalRankModuloDeviceCount) {
