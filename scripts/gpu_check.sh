@@ -5,7 +5,9 @@
 #   3. runs `ctest -L gpu` (CPU vs GPU agreement; fails if the tests skip although nvidia-smi sees a GPU),
 #   4. measures seconds per forward_backward vs batch (1..4096, powers of 2) per model: bench_gpu.csv,
 #   5. trains 2 ranks on the GPU with a static straggler: mpirun -n 2 lbbsp train --device cuda ...
-#   6. the same with bsp and lbbsp-gpu-model, and prints one table of the three runs,
+#   6. the same with bsp and lbbsp-gpu-model, and prints one table of the three runs; then --gpu-params host vs
+#      device (resident parameters and optimizer) for the MLP and the CNN: same trajectory, and the cost of each;
+#      and --gpu-allreduce cuda-aware is refused clearly when MPI cannot reduce GPU memory,
 #   7. with GPU_CHECK_FMNIST=FILE.h5: time to accuracy on Fashion-MNIST, 4 ranks, MLP and CNN, 4 balancers, and
 #      the CNN at global batch 4096 (every rank on the linear part of its time-vs-batch curve).
 # Results (logs, CSV, telemetry, summary.txt) go to $OUT if set, else results/gpu_check. About 4-6 minutes;
@@ -152,20 +154,21 @@ fi
 # ---- training runs on the GPU, balancers side by side ----
 if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 
-# compare TAG RANKS "BALANCER..." TRAIN_ARGS...: one `lbbsp train --device cuda` per balancer into $out/TAG_BALANCER,
-# then one table (iteration time, wait, speed-up vs bsp, time to --target-accuracy, final batch per rank).
+# compare TAG RANKS "VALUE..." TRAIN_ARGS...: one `lbbsp train --device cuda` per value of the option $VARY
+# (default --balancer) into $out/TAG_VALUE, then one table (iteration time, wait, speed-up vs the value $BASE
+# (default bsp), time to --target-accuracy, final batch per rank, parameter checksum).
 compare() {
-  local tag=$1 ranks=$2 balancers=$3 balancer run
+  local tag=$1 ranks=$2 values=$3 value run
   shift 3
-  for balancer in $balancers; do
-    run=$out/${tag}_$balancer
+  for value in $values; do
+    run=$out/${tag}_$value
     mkdir -p "$run"
-    step "${tag}_$balancer" 240 "$mpirun" -n "$ranks" --oversubscribe --bind-to none "$lbbsp" train --device cuda \
-      --balancer "$balancer" --log-dir "$run" --summary-json "$run/summary.json" "$@"
+    step "${tag}_$value" 240 "$mpirun" -n "$ranks" --oversubscribe --bind-to none "$lbbsp" train --device cuda \
+      "${VARY:---balancer}" "$value" --log-dir "$run" --summary-json "$run/summary.json" "$@"
   done
   command -v python3 >/dev/null || return 0
-  log "$tag: $ranks ranks, lbbsp train $*"
-  python3 - "$out" "$tag" <<'PY' | tee -a "$out/summary.txt"
+  log "$tag: $ranks ranks, lbbsp train ${VARY:---balancer} {$values} $*"
+  python3 - "$out" "$tag" "${BASE:-bsp}" <<'PY' | tee -a "$out/summary.txt"
 import json, pathlib, sys
 def last_batches(run, n=20):  # mean batch per rank over the last n iterations, from the telemetry
     try:
@@ -176,20 +179,20 @@ def last_batches(run, n=20):  # mean batch per rank over the last n iterations, 
         return "/".join(f"{batch[tail & (rank == k)].mean():.0f}" for k in np.unique(rank))
     except Exception as e:
         return f"({type(e).__name__})"
-out, tag = pathlib.Path(sys.argv[1]), sys.argv[2]
+out, tag, base = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 rows = {}
 for f in sorted(out.glob(f"{tag}_*/summary.json")):
     rows[f.parent.name[len(tag) + 1:]] = dict(json.loads(f.read_text()), batches=last_batches(f.parent))
-bsp = rows.get("bsp", {}).get("mean_iteration_s")
-print("| balancer | mean iteration ms | wait fraction | speed-up vs bsp | time to target s | test accuracy |"
-      " batch per rank (last 20 it) |")
-print("|---|---|---|---|---|---|---|")
+ref = rows.get(base, {}).get("mean_iteration_s")
+print(f"| run | step mode | mean iteration ms | wait fraction | speed-up vs {base} | time to target s |"
+      " test accuracy | batch per rank (last 20 it) | params checksum |")
+print("|---|---|---|---|---|---|---|---|---|")
 for name, r in rows.items():
-    sp = f"{bsp / r['mean_iteration_s']:.2f}x" if bsp else "-"
+    sp = f"{ref / r['mean_iteration_s']:.2f}x" if ref else "-"
     ttt = r.get("time_to_target_s")
     ttt = f"{ttt:.2f}" if isinstance(ttt, (int, float)) else "not reached"
-    print(f"| {name} | {1e3 * r['mean_iteration_s']:.2f} | {r['wait_fraction']:.3f} | {sp} | {ttt} | "
-          f"{r['test_accuracy']:.4f} | {r['batches']} |")
+    print(f"| {name} | {r.get('step_mode', '?')} | {1e3 * r['mean_iteration_s']:.2f} | {r['wait_fraction']:.3f} |"
+          f" {sp} | {ttt} | {r['test_accuracy']:.4f} | {r['batches']} | {r['params_checksum']:.6g} |")
 PY
 }
 
@@ -199,6 +202,38 @@ if [[ -f $data ]] || step synth_data 60 "$lbbsp" data synth --samples 16384 --fe
   compare train 2 "lbbsp-gpu bsp lbbsp-gpu-model" --data "$data" --model cnn --global-batch 512 --lr 0.05 \
     --momentum 0.9 --epochs 2 --max-iterations 120 --seed 1 --straggle "static:1,0.5" --eval-every 60 \
     --test-subset 2048 --progress-every 20
+fi
+
+# ---- 6b. where the parameters live: --gpu-params host (copied in and out every step, SGD on the CPU) vs device
+# (resident; gradient staged through the host for MPI). Same trajectory (checksums within 1e-3), and the cost.
+if [[ -f $data ]]; then
+  VARY=--gpu-params BASE=host compare params_mlp 2 "host device" --data "$data" --model mlp --global-batch 512 \
+    --lr 0.05 --momentum 0.9 --max-iterations 200 --seed 1 --eval-every 100 --test-subset 2048 --progress-every 100
+  VARY=--gpu-params BASE=host compare params_cnn 2 "host device" --data "$data" --model cnn --global-batch 4096 \
+    --lr 0.05 --momentum 0.9 --epochs 40 --max-iterations 60 --seed 1 --eval-every 60 --test-subset 2048 \
+    --progress-every 20
+  for tag in params_mlp params_cnn; do
+    step "${tag}_agree" 20 python3 - "$out/${tag}_host/summary.json" "$out/${tag}_device/summary.json" <<'PY'
+import json, sys
+h, d = (json.load(open(f)) for f in sys.argv[1:3])
+rel = abs(h["params_checksum"] - d["params_checksum"]) / max(1e-30, abs(h["params_checksum"]))
+print(f"{h['step_mode']} vs {d['step_mode']}: checksum {h['params_checksum']:.9g} vs {d['params_checksum']:.9g}, "
+      f"relative difference {rel:.2e}; test accuracy {h['test_accuracy']:.4f} vs {d['test_accuracy']:.4f}")
+sys.exit(0 if rel < 1e-3 and h["step_mode"] == "host" and d["step_mode"].startswith("device/") else 1)
+PY
+    tail -n 1 "$out/${tag}_agree.log" | sed 's/^/    /' | tee -a "$out/summary.txt"
+  done
+  # Debian's Open MPI is not CUDA-aware: asking for it must fail with a message that says so.
+  if timeout 60 "$mpirun" -n 1 "$lbbsp" train --device cuda --gpu-allreduce cuda-aware --data "$data" --max-iterations 2 \
+    >"$out/cuda_aware.log" 2>&1; then
+    log "cuda_aware: MPI reduces GPU memory here (CUDA-aware run passed)"
+  elif grep -q "cannot reduce GPU memory" "$out/cuda_aware.log"; then
+    log "cuda_aware: refused as expected: $(grep -m1 -o 'cannot reduce GPU memory ([^)]*)' "$out/cuda_aware.log")"
+  else
+    log "FAILED: cuda_aware: neither ran nor gave the expected message:"
+    tail -n 5 "$out/cuda_aware.log" | sed 's/^/    /' | tee -a "$out/summary.txt"
+    failed+=(cuda_aware)
+  fi
 fi
 
 # ---- 7. optional: time to accuracy on Fashion-MNIST, 4 ranks (capacities 1,1,0.5,0.25) ----
