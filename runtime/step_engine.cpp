@@ -2,7 +2,7 @@
 
 #include <stdexcept>
 
-#include "models/cuda/cuda_models.hpp"  // plain C++; its functions exist only in CUDA builds
+#include "models/cuda/cuda_models.hpp"  // DeviceResident (plain C++)
 
 namespace lbbsp::runtime {
 
@@ -23,23 +23,17 @@ StepEngine::StepEngine(const StepEngineConfig& cfg, models::Model& model, std::v
     : model_(model), params_(params), sgd_(sgd), comm_(comm), P_(model.num_params()) {
   check_step_engine_config(cfg);
   if (cfg.device != "cuda" || cfg.gpu_params == "host") return;  // host mode
-#ifdef LBBSP_WITH_CUDA
-  resident_ = models::device_resident(model);
-  if (!resident_) throw std::logic_error("StepEngine: the model for --device cuda is not a CUDA model");
-  if (cfg.gpu_allreduce == "cuda-aware" && !comm.cuda_aware())
+  resident_ = cfg.resident;
+  if (!resident_)
+    throw std::logic_error("StepEngine: --device cuda with --gpu-params device needs a CUDA model");
+  if (cfg.gpu_allreduce == "cuda-aware" && !cfg.mpi_cuda_aware)
     throw std::invalid_argument("--gpu-allreduce cuda-aware: this MPI library cannot reduce GPU memory (" +
-                                comm.cuda_support() +
+                                cfg.mpi_cuda_support +
                                 "); use --gpu-allreduce staged (or auto), or an MPI built with CUDA support");
-  cuda_aware_ = cfg.gpu_allreduce == "cuda-aware" || (cfg.gpu_allreduce == "auto" && comm.cuda_aware());
+  cuda_aware_ = cfg.gpu_allreduce == "cuda-aware" || (cfg.gpu_allreduce == "auto" && cfg.mpi_cuda_aware);
   mode_ = cuda_aware_ ? "device/cuda-aware" : "device/staged";
   resident_->enable_resident(extra, cfg.momentum, cfg.weight_decay);
   push_to_device();
-#else
-  (void)extra;
-  throw std::invalid_argument(
-      "--device cuda: lbbsp was built without CUDA (configure with -DLBBSP_WITH_CUDA=ON on a machine with "
-      "nvcc)");
-#endif
 }
 
 models::StepStats StepEngine::forward_backward(const float* x, const uint8_t* y, int n, float* buf) {

@@ -28,6 +28,12 @@ struct StepEngineConfig {
   std::string gpu_params = "device";   // device | host (cuda only)
   std::string gpu_allreduce = "auto";  // auto | staged | cuda-aware (cuda with gpu_params device only)
   double momentum = 0.9, weight_decay = 0.0;
+  // The model's device-resident face (models::device_resident; nullptr for CPU models) and what the MPI
+  // library says about GPU memory (Comm::cuda_aware / cuda_support). Given, not looked up, so tests can
+  // drive every mode with a host-memory stand-in.
+  models::DeviceResident* resident = nullptr;
+  bool mpi_cuda_aware = false;
+  std::string mpi_cuda_support;
 };
 
 // Throws std::invalid_argument naming --gpu-params / --gpu-allreduce and the values they take.

@@ -474,6 +474,11 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   ec.gpu_allreduce = cfg.gpu_allreduce;
   ec.momentum = cfg.momentum;
   ec.weight_decay = cfg.weight_decay;
+#ifdef LBBSP_WITH_CUDA
+  if (cfg.device == "cuda") ec.resident = models::device_resident(*model);
+#endif
+  ec.mpi_cuda_aware = comm.cuda_aware();
+  ec.mpi_cuda_support = comm.cuda_support();
   StepEngine engine(ec, *model, params, sgd, buf_len - P, comm);
   if (root && !cfg.quiet && cfg.device == "cuda") {
     std::printf("gpu: parameters and gradient reduction %s\n", engine.mode().c_str());

@@ -1,0 +1,202 @@
+// StepEngine in every mode, with a host-memory stand-in for the GPU (HostResident: the CPU model and
+// optimizer behind the DeviceResident interface), so the orchestration (which floats go where, when, and
+// through which MPI call) is checked without a GPU. Any rank count: one process under ctest, and under
+// mpiexec -n 2 / 3 in tests/mpi/test_step_engine.sh, where the sums across ranks are checked too.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "models/cuda/cuda_models.hpp"
+#include "models/model.hpp"
+#include "models/optimizer.hpp"
+#include "runtime/comm.hpp"
+#include "runtime/step_engine.hpp"
+
+namespace {
+
+using namespace lbbsp;
+
+runtime::Comm& comm() {
+  static runtime::Comm c(nullptr, nullptr);
+  return c;
+}
+
+// The CPU model and models::Sgd behind DeviceResident; "device" memory is host memory, so even a plain MPI
+// can reduce reduction_buffer(). Counts the copies of the gradient part across the "bus".
+class HostResident : public models::DeviceResident {
+ public:
+  explicit HostResident(models::Model& model) : model_(model), P_(model.num_params()) {}
+  void enable_resident(size_t extra, double momentum, double wd) override {
+    buffer_.assign(P_ + extra, 0.0f);
+    params_.assign(P_, 0.0f);
+    sgd_ = std::make_unique<models::Sgd>(P_, momentum, wd);
+  }
+  void load_state(const float* p, const float* v) override {
+    params_.assign(p, p + P_);
+    if (v) sgd_->velocity().assign(v, v + P_);
+  }
+  void store_state(float* p, float* v) override {
+    if (p) std::copy(params_.begin(), params_.end(), p);
+    if (v) std::copy(sgd_->velocity().begin(), sgd_->velocity().end(), v);
+  }
+  models::StepStats forward_backward_resident(const float* x, const uint8_t* y, int n) override {
+    std::fill(buffer_.begin(), buffer_.begin() + P_, 0.0f);
+    return model_.forward_backward(params_.data(), x, y, n, buffer_.data());
+  }
+  models::StepStats evaluate_resident(const float* x, const uint8_t* y, int n) override {
+    return model_.evaluate(params_.data(), x, y, n);
+  }
+  float* reduction_buffer() override { return buffer_.data(); }
+  void buffer_to_host(size_t offset, size_t count, float* host) override {
+    if (offset < P_) ++gradient_copies;
+    std::copy(buffer_.begin() + offset, buffer_.begin() + offset + count, host);
+  }
+  void buffer_from_host(size_t offset, size_t count, const float* host) override {
+    if (offset < P_) ++gradient_copies;
+    std::copy(host, host + count, buffer_.begin() + offset);
+  }
+  void sgd_step(int64_t global_batch, double lr) override {
+    sgd_->step(params_.data(), buffer_.data(), global_batch, lr);
+  }
+  int gradient_copies = 0;
+
+ private:
+  models::Model& model_;
+  size_t P_;
+  std::vector<float> params_, buffer_;
+  std::unique_ptr<models::Sgd> sgd_;
+};
+
+models::ModelConfig mlp_config() {
+  models::ModelConfig cfg;
+  cfg.kind = "mlp";
+  cfg.input = {1, 4, 5};
+  cfg.classes = 3;
+  cfg.hidden = {8};
+  return cfg;
+}
+
+// Rank r's slice of step s: 3 + r samples that depend on (s, r) only.
+void slice(int step, int rank, const models::ModelConfig& cfg, std::vector<float>* x,
+           std::vector<uint8_t>* y) {
+  const int n = 3 + rank;
+  x->resize(size_t(n) * cfg.input.size());
+  y->resize(n);
+  for (size_t i = 0; i < x->size(); ++i) (*x)[i] = float((i * 7 + step * 13 + rank * 5) % 11) / 11.0f;
+  for (int i = 0; i < n; ++i) (*y)[i] = uint8_t((i + step + rank) % cfg.classes);
+}
+
+struct RunResult {
+  std::vector<float> params, velocity, tails;  // tails: the extra floats after each allreduce
+  std::string mode;
+  int gradient_copies = 0;
+};
+
+// 4 training steps through a StepEngine; the extra floats carry (rank + 1, step) and must come back summed.
+RunResult run(const std::string& gpu_params, const std::string& gpu_allreduce, bool mpi_cuda_aware) {
+  const models::ModelConfig cfg = mlp_config();
+  auto model = models::make_model(cfg);
+  const size_t P = model->num_params(), extra = 2;
+  std::vector<float> params(P);
+  model->init_params(params.data(), 3);
+  models::Sgd sgd(P, 0.9, 1e-4);
+  HostResident resident(*model);
+  runtime::StepEngineConfig ec;
+  ec.device = gpu_params.empty() ? "cpu" : "cuda";
+  ec.gpu_params = gpu_params.empty() ? "device" : gpu_params;
+  ec.gpu_allreduce = gpu_allreduce;
+  ec.momentum = 0.9;
+  ec.weight_decay = 1e-4;
+  ec.resident = &resident;
+  ec.mpi_cuda_aware = mpi_cuda_aware;
+  ec.mpi_cuda_support = "told by the test";
+  runtime::StepEngine engine(ec, *model, params, sgd, extra, comm());
+  RunResult out;
+  out.mode = engine.mode();
+  std::vector<float> buf(P + extra), x;
+  std::vector<uint8_t> y;
+  for (int step = 0; step < 4; ++step) {
+    std::fill(buf.begin(), buf.end(), 0.0f);
+    slice(step, comm().rank(), cfg, &x, &y);
+    engine.forward_backward(x.data(), y.data(), int(y.size()), buf.data());
+    buf[P] = float(comm().rank() + 1);
+    buf[P + 1] = float(step);
+    engine.allreduce(buf.data(), buf.size());
+    out.tails.insert(out.tails.end(), buf.begin() + P, buf.end());
+    engine.sgd_step(buf.data(), 32, 0.05);
+  }
+  engine.pull_to_host();
+  out.params = params;
+  out.velocity = sgd.velocity();
+  out.gradient_copies = resident.gradient_copies;
+  return out;
+}
+
+TEST(StepEngine, ModesFollowTheConfigAndTheMpiLibrary) {
+  EXPECT_EQ(run("", "auto", true).mode, "host");  // a CPU model ignores the GPU options
+  EXPECT_EQ(run("host", "auto", true).mode, "host");
+  EXPECT_EQ(run("device", "auto", false).mode, "device/staged");
+  EXPECT_EQ(run("device", "staged", true).mode, "device/staged");
+  EXPECT_EQ(run("device", "auto", true).mode, "device/cuda-aware");
+  EXPECT_EQ(run("device", "cuda-aware", true).mode, "device/cuda-aware");
+}
+
+// Every mode takes the same SGD trajectory bit for bit (same kernels, same sums), and the extra floats come
+// back as sums over the ranks.
+TEST(StepEngine, EveryModeGivesTheSameTrajectory) {
+  const RunResult host = run("host", "auto", false);
+  const int R = comm().size();
+  ASSERT_EQ(host.tails.size(), 8u);
+  for (int step = 0; step < 4; ++step) {
+    EXPECT_EQ(host.tails[2 * step], float(R * (R + 1) / 2)) << "step " << step;
+    EXPECT_EQ(host.tails[2 * step + 1], float(R * step)) << "step " << step;
+  }
+  for (const auto& [gpu_params, allreduce, aware] : std::vector<std::tuple<std::string, std::string, bool>>{
+           {"device", "staged", false}, {"device", "cuda-aware", true}}) {
+    SCOPED_TRACE(allreduce);
+    const RunResult r = run(gpu_params, allreduce, aware);
+    EXPECT_EQ(r.params, host.params);
+    EXPECT_EQ(r.velocity, host.velocity);
+    EXPECT_EQ(r.tails, host.tails);
+  }
+  // The parameters did move (the comparison above can fail).
+  const models::ModelConfig cfg = mlp_config();
+  auto model = models::make_model(cfg);
+  std::vector<float> init(model->num_params());
+  model->init_params(init.data(), 3);
+  EXPECT_NE(host.params, init);
+}
+
+// Staged copies the gradient out and back every step; cuda-aware never moves it.
+TEST(StepEngine, OnlyTheStagedModeCopiesTheGradient) {
+  EXPECT_EQ(run("device", "staged", false).gradient_copies, 2 * 4);
+  EXPECT_EQ(run("device", "cuda-aware", true).gradient_copies, 0);
+}
+
+TEST(StepEngine, RefusesWhatCannotWork) {
+  try {
+    run("device", "cuda-aware", false);
+    FAIL() << "cuda-aware with an MPI that cannot reduce GPU memory must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot reduce GPU memory (told by the test)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(run("host", "cuda-aware", true), std::invalid_argument);
+  EXPECT_THROW(run("gpu", "auto", true), std::invalid_argument);
+  EXPECT_THROW(run("device", "nccl", true), std::invalid_argument);
+  // A cuda device without a resident face is a programming error.
+  auto model = models::make_model(mlp_config());
+  std::vector<float> params(model->num_params());
+  models::Sgd sgd(params.size(), 0.9, 0.0);
+  runtime::StepEngineConfig ec;
+  ec.device = "cuda";
+  EXPECT_THROW(runtime::StepEngine(ec, *model, params, sgd, 0, comm()), std::logic_error);
+}
+
+}  // namespace
