@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "predictors/cache_aligned.hpp"
 #include "predictors/predictor.hpp"
 #include "predictors/state_io.hpp"
 

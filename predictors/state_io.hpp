@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <new>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -79,22 +78,6 @@ class StateReader {
   }
   const std::string& in_;
   size_t pos_ = 0;
-};
-
-// Cache-line aligned storage (a NARX window row of 16 floats is then one line, not two).
-template <class T>
-struct CacheAligned {
-  using value_type = T;
-  static constexpr std::align_val_t kAlign{64};
-  CacheAligned() = default;
-  template <class U>
-  CacheAligned(const CacheAligned<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
-  void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }
-  template <class U>
-  bool operator==(const CacheAligned<U>&) const {
-    return true;
-  }
 };
 
 // splitmix64: tiny, portable and fully determined by one 64-bit word (easy to checkpoint).
