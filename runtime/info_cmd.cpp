@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "models/cuda/cuda_models.hpp"
 #include "models/model.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/commands.hpp"
@@ -21,10 +22,11 @@ void add_info_command(CLI::App& app) {
     if (comm.is_root()) {
       std::printf("lbbsp %s\n", LBBSP_VERSION);
 #ifdef LBBSP_WITH_CUDA
-      std::printf("cuda backend: built\n");
+      std::printf("cuda backend: built, %d GPU(s) visible\n", models::cuda_device_count());
 #else
       std::printf("cuda backend: not built\n");
 #endif
+      std::printf("mpi and GPU memory: %s\n", comm.cuda_support().c_str());
       std::printf("topology: %s\n", runtime::describe_topology().c_str());
       std::printf("kernel threads: %d\n", models::num_threads());
     }

@@ -22,8 +22,15 @@ int select_cuda_device(int local_rank) {
     throw std::invalid_argument("select_cuda_device: local rank must be >= 0, got " +
                                 std::to_string(local_rank));
   int count = 0;
-  LBBSP_CUDA_CHECK(cudaGetDeviceCount(&count));
-  if (count == 0) throw std::runtime_error("select_cuda_device: no CUDA device visible");
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    const std::string why = err != cudaSuccess
+                                ? std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err)
+                                : "0 devices";
+    (void)cudaGetLastError();
+    throw std::runtime_error("--device cuda: no CUDA GPU visible (" + why +
+                             "); check nvidia-smi and CUDA_VISIBLE_DEVICES, or train with --device cpu");
+  }
   const int device = local_rank % count;
   LBBSP_CUDA_CHECK(cudaSetDevice(device));
   return device;

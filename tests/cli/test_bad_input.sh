@@ -18,6 +18,14 @@ expect_fail "hidden: widths must be positive, got 0" "$LBBSP" "${T[@]}" --hidden
 expect_fail "Could not convert: --hidden = 32,abc" "$LBBSP" "${T[@]}" --hidden 32,abc
 expect_fail "bind: socket not in \{core,none\}" "$LBBSP" "${T[@]}" --bind socket
 expect_fail "device: tpu not in" "$LBBSP" "${T[@]}" --device tpu
+# --device cuda where it cannot run: the message says why and what to do instead.
+INFO=$("$LBBSP" info)
+grep -q "^mpi and GPU memory: " <<<"$INFO" || fail "lbbsp info does not say whether MPI can reduce GPU memory"
+if grep -q "^cuda backend: not built" <<<"$INFO"; then
+  expect_fail "device cuda: lbbsp was built without CUDA \(configure with -DLBBSP_WITH_CUDA=ON" "$LBBSP" "${T[@]}" --device cuda
+elif grep -q "^cuda backend: built, 0 GPU" <<<"$INFO"; then
+  expect_fail "device cuda: no CUDA GPU visible .*or train with --device cpu" "$LBBSP" "${T[@]}" --device cuda
+fi  # a visible GPU: --device cuda trains (tests/gpu, scripts/gpu_check.sh)
 expect_fail "gpu-params: gpu not in" "$LBBSP" "${T[@]}" --gpu-params gpu
 expect_fail "gpu-allreduce: nccl not in" "$LBBSP" "${T[@]}" --gpu-allreduce nccl
 expect_fail "gpu-allreduce cuda-aware needs the gradient on the GPU: use it with --gpu-params device" \
