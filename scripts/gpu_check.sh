@@ -97,26 +97,20 @@ if [[ -n $bundle ]]; then
   fi
 else
 # ---- 1. Debian packages the build needs ----
-needed=(build-essential cmake pkg-config libopenmpi-dev openmpi-bin libhdf5-dev libeigen3-dev libopenblas-dev
-        libhwloc-dev libcli11-dev nlohmann-json3-dev libgtest-dev libbenchmark-dev zlib1g-dev)
 if command -v dpkg-query >/dev/null; then
-  missing=()
-  for p in "${needed[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-  done
-  if ((${#missing[@]})); then
-    log "missing packages: ${missing[*]}"
+  if missing=$(scripts/setup.sh --build-deps --check); then
+    log "all build packages present"
+  else
+    log "$missing"
     if ! command -v apt-get >/dev/null; then
-      log "FAILED: no apt-get to install them; install: ${missing[*]}"
+      log "FAILED: no apt-get to install them"
       exit 1
     fi
-    if ! step setup 240 scripts/setup.sh --no-build; then
-      log "FAILED: scripts/setup.sh --no-build could not install the packages (no network or no root?);" \
-        "install by hand: ${missing[*]}"
+    if ! step setup 240 scripts/setup.sh --no-build --build-deps; then
+      log "FAILED: scripts/setup.sh --no-build --build-deps could not install the packages (no network or no" \
+        "root?); install them by hand"
       finish
     fi
-  else
-    log "all build packages present"
   fi
 else
   log "no dpkg-query (not Debian): relying on cmake to find the dependencies"
