@@ -2,7 +2,7 @@
 # Builds lbbsp, its unit tests and arima_fit_tool with AddressSanitizer + UndefinedBehaviorSanitizer
 # (-DLBBSP_SANITIZE=ON, g++) in BUILD_DIR (default build/build-asan) and runs `ctest -L 'unit|mpi'` there: every
 # unit test and the MPI integration tests (2-4 ranks). Leaks are checked, with the suppressions in
-# tests/sanitize/lsan.supp for what Open MPI, PMIx, hwloc, HDF5 and the MPI transports allocate once and never free.
+# tests/sanitize/lsan.supp for what Open MPI, PMIx, hwloc and the MPI transports allocate once and never free.
 #   tests/sanitize/run_asan.sh [BUILD_DIR] [extra ctest args]
 #
 # Build choices (measured on 2 cores, see the commit messages):
