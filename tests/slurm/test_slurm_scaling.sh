@@ -4,35 +4,8 @@
 # run's summary (ranks, global batch fixed or per rank) and that bench/scaling/plot_scaling.py makes the tables.
 # Needs root and the Debian packages slurm-wlm munge iproute2 (scripts/setup.sh). Usage: $0 LBBSP SCRATCH
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=tests/cli/common.sh
-source "$here/../cli/common.sh"
-# shellcheck source=tests/slurm/minicluster.sh
-source "$here/minicluster.sh"
-SRC=${LBBSP_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
-LBBSP=$(cd "$(dirname "$LBBSP")" && pwd)/$(basename "$LBBSP")
-[[ -x $LBBSP ]] || fail "lbbsp binary '$LBBSP' missing: build it first (cmake --build build)"
-# shellcheck source=tests/slurm/pick_python.sh
-source "$here/pick_python.sh"
-
-minicluster_check
-MC=$(mktemp -d /tmp/lbbsp-slurm.XXXXXX)
-cleanup() {
-  local rc=$?
-  minicluster_stop || true
-  if [[ -d $MC ]]; then
-    mkdir -p "$SCRATCH/daemon-logs"
-    cp -r "$MC/log/." "$MC/slurm.conf" "$SCRATCH/daemon-logs/" 2>/dev/null || true
-    rm -rf "$MC"
-  fi
-  ((rc == 0)) && echo "PASS ($SECONDS s)" || echo "FAILED (exit $rc) after $SECONDS s; logs in $SCRATCH" >&2
-}
-trap cleanup EXIT
-trap 'exit 143' TERM HUP
-trap 'exit 130' INT
-minicluster_start "$MC"
-
-timeout 60 "$LBBSP" data synth --samples 2048 --features 16 --classes 4 --seed 5 --out "$SCRATCH/data.h5" >/dev/null ||
-  fail "lbbsp data synth failed"
+# shellcheck source=tests/slurm/single_node_setup.sh
+source "$here/single_node_setup.sh"
 iters=8
 common=(LBBSP_BIN="$LBBSP" LBBSP_ROOT="$SRC" DATA="$SCRATCH/data.h5" RESULTS_DIR="$SCRATCH/results" MODEL=logreg
   LR=0.1 SEED=3 "MAX_ITERATIONS=$iters" RANKS="1 2")

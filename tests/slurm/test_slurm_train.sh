@@ -5,36 +5,8 @@
 # summary JSON, and that both runs trained the same model (same parameters up to float summation order).
 # Needs root and the Debian packages slurm-wlm munge iproute2 (scripts/setup.sh). Usage: $0 LBBSP SCRATCH
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=tests/cli/common.sh
-source "$here/../cli/common.sh"
-# shellcheck source=tests/slurm/minicluster.sh
-source "$here/minicluster.sh"
-SRC=${LBBSP_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
-LBBSP=$(cd "$(dirname "$LBBSP")" && pwd)/$(basename "$LBBSP")
-[[ -x $LBBSP ]] || fail "lbbsp binary '$LBBSP' missing: build it first (cmake --build build)"
-# shellcheck source=tests/slurm/pick_python.sh
-source "$here/pick_python.sh"
-
-minicluster_check
-# Sockets have a ~100-byte path limit and build folders can be deep: the daemons live in a short /tmp folder.
-MC=$(mktemp -d /tmp/lbbsp-slurm.XXXXXX)
-cleanup() {
-  local rc=$?
-  minicluster_stop || true
-  if [[ -d $MC ]]; then
-    mkdir -p "$SCRATCH/daemon-logs"
-    cp -r "$MC/log/." "$MC/slurm.conf" "$SCRATCH/daemon-logs/" 2>/dev/null || true
-    rm -rf "$MC"
-  fi
-  ((rc == 0)) && echo "PASS ($SECONDS s)" || echo "FAILED (exit $rc) after $SECONDS s; logs in $SCRATCH" >&2
-}
-trap cleanup EXIT
-trap 'exit 143' TERM HUP
-trap 'exit 130' INT
-minicluster_start "$MC"
-
-timeout 60 "$LBBSP" data synth --samples 2048 --features 16 --classes 4 --seed 5 --out "$SCRATCH/data.h5" >/dev/null ||
-  fail "lbbsp data synth failed"
+# shellcheck source=tests/slurm/single_node_setup.sh
+source "$here/single_node_setup.sh"
 
 iters=20 batch=64
 common=(LBBSP_BIN="$LBBSP" DATA="$SCRATCH/data.h5" RESULTS_DIR="$SCRATCH/results" MODEL=logreg EPOCHS=1 LR=0.2
