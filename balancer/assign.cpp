@@ -58,25 +58,6 @@ ResolvedBounds resolve_bounds(const BatchBounds& bounds, int64_t global_batch, s
   return r;
 }
 
-// Largest b in [lo, hi] with curve.time(b) <= T (lo when even that is slower), consistent with
-// TimeCurve::time.
-int64_t capacity_at(const TimeCurve& c, double T, int64_t lo, int64_t hi) {
-  double estimate;
-  if (T < c.floor_s)
-    estimate = 0.0;
-  else if (c.slope_s_per_sample <= 0.0)
-    estimate = static_cast<double>(hi);
-  else
-    estimate = c.sat_batch + (T - c.floor_s) / c.slope_s_per_sample;
-  int64_t b =
-      estimate >= static_cast<double>(hi) ? hi : std::max(lo, static_cast<int64_t>(std::floor(estimate)));
-  // Fix floating-point rounding of the inverse (at most a step or two).
-  while (b < hi && c.time(static_cast<double>(b + 1)) <= T) ++b;
-  while (b > lo && c.time(static_cast<double>(b)) > T) --b;
-  return b;
-}
-
-// Real-valued relaxation of the total capacity at time T (an upper bound of the integer one).
 // Real-valued relaxation of the total capacity at time T (an upper bound of the integer one up to rounding),
 // on flat arrays with the inverse slopes precomputed: this loop is most of the assignment's cost.
 struct Relaxation {
@@ -105,7 +86,8 @@ struct Relaxation {
   }
 };
 
-// Start below the optimum only by rounding, without ever rounding up.
+// The curve's inverse at T rounded down to [lo, hi], then stepped down while still slower than T: at or below
+// the largest feasible b, never above it (up to floating-point rounding of the inverse).
 int64_t capacity_at_or_below(const TimeCurve& c, double T, int64_t lo, int64_t hi) {
   double estimate;
   if (T < c.floor_s)
@@ -117,6 +99,14 @@ int64_t capacity_at_or_below(const TimeCurve& c, double T, int64_t lo, int64_t h
   int64_t b =
       estimate >= static_cast<double>(hi) ? hi : std::max(lo, static_cast<int64_t>(std::floor(estimate)));
   while (b > lo && c.time(static_cast<double>(b)) > T) --b;
+  return b;
+}
+
+// Largest b in [lo, hi] with curve.time(b) <= T (lo when even that is slower), consistent with
+// TimeCurve::time (non-decreasing in b): the estimate above, then stepped up past any rounding.
+int64_t capacity_at(const TimeCurve& c, double T, int64_t lo, int64_t hi) {
+  int64_t b = capacity_at_or_below(c, T, lo, hi);
+  while (b < hi && c.time(static_cast<double>(b + 1)) <= T) ++b;
   return b;
 }
 
