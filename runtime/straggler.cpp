@@ -1,9 +1,13 @@
 #include "runtime/straggler.hpp"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <dirent.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -47,6 +51,12 @@ int64_t to_int(const std::string& s, const std::string& what) {
   return static_cast<int64_t>(v);
 }
 
+double real_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 struct StopFlag {
   std::atomic<bool> stop{false};
   std::thread thread;
@@ -58,7 +68,9 @@ Straggler::Straggler(const std::string& spec, int ranks, uint64_t seed)
     : spec_(spec), ranks_(ranks), seed_(seed) {
   static const char* kHelp =
       " (expected none | static:F0,F1,... | trace:PATH[,PATH...] | stress:RANK=LOAD[,...], then optional "
-      ";scale=S ;offset=O,... ;noise=SD ;period=S ;gpu=FLOOR:SAT:SLOPE:CAP[,...] ;seed=N)";
+      ";scale=S ;rate=K ;align=time ;offset=O,... ;noise=SD ;period=S ;pin=C,... "
+      ";gpu=FLOOR:SAT:SLOPE:CAP[,...] "
+      ";seed=N)";
   auto parts = split(spec, ';');
   if (parts.empty() || parts[0].empty())
     throw std::invalid_argument("--straggle: empty spec" + std::string(kHelp));
@@ -76,6 +88,21 @@ Straggler::Straggler(const std::string& spec, int ranks, uint64_t seed)
     if (key == "scale") {
       scale_s_ = to_double(val, "scale");
       if (scale_s_ <= 0) throw std::invalid_argument("--straggle: scale must be > 0 seconds per trace step");
+    } else if (key == "rate") {
+      rate_ = to_double(val, "rate");
+      if (rate_ <= 0) throw std::invalid_argument("--straggle: rate must be > 0 trace seconds per second");
+    } else if (key == "align") {
+      if (val != "time" && val != "random")
+        throw std::invalid_argument("--straggle: align must be 'time' or 'random', not '" + val + "'");
+      align_time_ = val == "time";
+    } else if (key == "pin") {
+      for (auto& c : split(val, ',')) {
+        int64_t cpu = to_int(c, "pin");
+        if (cpu < 0 || cpu >= CPU_SETSIZE)
+          throw std::invalid_argument("--straggle: pin CPU " + c + " must be in 0.." +
+                                      std::to_string(CPU_SETSIZE - 1));
+        pin_.push_back(static_cast<int>(cpu));
+      }
     } else if (key == "offset") {
       for (auto& o : split(val, ',')) offsets.push_back(to_int(o, "offset"));
     } else if (key == "noise") {
@@ -133,7 +160,13 @@ Straggler::Straggler(const std::string& spec, int ranks, uint64_t seed)
       for (auto& t : loaded) {
         CapacitySeries s;
         s.source = t.source;
+        s.origin_s = t.origin_s;
         for (double c : t.capacity) s.capacity.push_back(std::clamp(std::isfinite(c) ? c : 1.0, 0.05, 1.0));
+        s.time_s = t.time_s;
+        if (s.time_s.size() != s.capacity.size()) {  // no usable clock: one step per second
+          s.time_s.resize(s.capacity.size());
+          for (size_t k = 0; k < s.time_s.size(); ++k) s.time_s[k] = static_cast<double>(k);
+        }
         for (size_t k = 0; k < t.exo_names.size(); ++k) {
           const auto& n = t.exo_names[k];
           if (n.find("mem") != std::string::npos) {
@@ -148,18 +181,53 @@ Straggler::Straggler(const std::string& spec, int ranks, uint64_t seed)
       }
     }
     if (series_.empty()) throw std::invalid_argument("--straggle: no trace series found in '" + args + "'");
+    if (align_time_ && rate_ <= 0)
+      throw std::invalid_argument("--straggle: align=time needs rate=K (replay by the traces' timestamps)");
+    if (align_time_ && !offsets.empty())
+      throw std::invalid_argument("--straggle: align=time and offset= exclude each other");
     // Seeded assignment of series to ranks (cycled when more ranks than series) and start offsets.
     std::mt19937_64 rng(seed_ ^ 0x5eedULL);
     std::vector<int> order(series_.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
     std::shuffle(order.begin(), order.end(), rng);
-    for (int r = 0; r < ranks_; ++r) {
-      int s = order[r % order.size()];
-      series_of_rank_.push_back(s);
-      int64_t len = static_cast<int64_t>(series_[s].capacity.size());
-      int64_t off = offsets.empty() ? static_cast<int64_t>(rng() % len)
-                                    : offsets[std::min<size_t>(r, offsets.size() - 1)];
-      offsets_.push_back(((off % len) + len) % len);
+    if (align_time_) {
+      // Co-located machines at one moment: a seeded start time in the traces' own clock, covered by as many
+      // series as there are ranks (or by the most found in 1000 draws); ranks take distinct covering series.
+      double lo = INFINITY, hi = -INFINITY;
+      for (auto& c : series_) lo = std::min(lo, c.origin_s), hi = std::max(hi, c.origin_s + c.span_s());
+      auto covering = [&](double t) {
+        std::vector<int> out;
+        for (int i : order)
+          if (series_[i].origin_s <= t && t <= series_[i].origin_s + series_[i].span_s()) out.push_back(i);
+        return out;
+      };
+      std::uniform_real_distribution<double> when(lo, std::max(lo, hi));
+      std::vector<int> best;
+      double best_t = lo;
+      const size_t want = std::min(series_.size(), static_cast<size_t>(ranks_));
+      for (int draw = 0; draw < 1000 && best.size() < want; ++draw) {
+        double t = when(rng);
+        auto c = covering(t);
+        if (c.size() > best.size()) best = c, best_t = t;
+      }
+      if (best.empty()) best = order;
+      start_time_ = best_t;
+      for (int r = 0; r < ranks_; ++r) {
+        int s = best[r % best.size()];
+        series_of_rank_.push_back(s);
+        offsets_.push_back(0);
+        start_of_rank_.push_back(std::max(0.0, start_time_ - series_[s].origin_s));
+      }
+    } else {
+      for (int r = 0; r < ranks_; ++r) {
+        int s = order[r % order.size()];
+        series_of_rank_.push_back(s);
+        int64_t len = static_cast<int64_t>(series_[s].capacity.size());
+        int64_t off = offsets.empty() ? static_cast<int64_t>(rng() % len)
+                                      : offsets[std::min<size_t>(r, offsets.size() - 1)];
+        offsets_.push_back(((off % len) + len) % len);
+        start_of_rank_.push_back(series_[s].time_s[offsets_.back()]);
+      }
     }
   } else if (kind == "stress") {
     kind_ = Kind::kStress;
@@ -180,6 +248,11 @@ Straggler::Straggler(const std::string& spec, int ranks, uint64_t seed)
   } else {
     throw std::invalid_argument("--straggle: unknown kind '" + kind + "'" + kHelp);
   }
+  if (!pin_.empty() && kind_ != Kind::kStress)
+    throw std::invalid_argument(
+        "--straggle: pin= is for stress: (replay kinds emulate, they need no pinning)");
+  if ((rate_ > 0 || align_time_) && kind_ != Kind::kTrace)
+    throw std::invalid_argument("--straggle: rate= and align= are for trace:");
   noise_state_ = seed_ * 0x9E3779B97F4A7C15ULL + 1;
 }
 
@@ -191,14 +264,34 @@ const CapacitySeries& Straggler::series_of(int rank) const {
   return series_[series_of_rank_[rank]];
 }
 
+const std::string& Straggler::source_of(int rank) const {
+  static const std::string none;
+  return kind_ == Kind::kTrace ? series_of(rank).source : none;
+}
+
+double Straggler::trace_time(int rank, double elapsed_s) const {
+  if (kind_ != Kind::kTrace) return 0.0;
+  const auto& s = series_of(rank);
+  return s.origin_s + s.time_s[step_of(rank, elapsed_s)];
+}
+
 int64_t Straggler::step_of(int rank, double elapsed_s) const {
   const auto& s = series_of(rank);
   int64_t len = static_cast<int64_t>(s.capacity.size());
+  if (rate_ > 0) {
+    // The trace's own clock: the latest sample at or before the replayed time holds until the next one.
+    double t = start_of_rank_[rank] + rate_ * std::max(0.0, elapsed_s);
+    // Replay wraps around; the last sample lasts one mean sample gap before the first comes back.
+    double span = s.span_s();
+    if (span > 0) t = std::fmod(t, span + span / static_cast<double>(len - 1));
+    auto it = std::upper_bound(s.time_s.begin(), s.time_s.end(), t);
+    return std::max<int64_t>(0, static_cast<int64_t>(it - s.time_s.begin()) - 1);
+  }
   int64_t step = static_cast<int64_t>(std::floor(std::max(0.0, elapsed_s) / scale_s_)) + offsets_[rank];
   return step % len;  // replay wraps around
 }
 
-double Straggler::capacity(int rank, double elapsed_s) const {
+double Straggler::replay_capacity(int rank, double elapsed_s) const {
   switch (kind_) {
     case Kind::kStatic:
       return static_factors_[rank % static_factors_.size()];
@@ -209,6 +302,32 @@ double Straggler::capacity(int rank, double elapsed_s) const {
   }
 }
 
+double Straggler::real_at(double elapsed_s) const {
+  if (real_origin_ < 0) real_origin_ = real_now() - elapsed_s;
+  return real_origin_ + elapsed_s;
+}
+
+double Straggler::stress_share(int rank) const {
+  if (kind_ != Kind::kStress || pin_.empty()) return 1.0;
+  const int cpu = pin_[rank % pin_.size()];
+  int k = 0, load = 0;
+  for (int r = 0; r < ranks_; ++r)
+    if (pin_[r % pin_.size()] == cpu) ++k, load += stress_load_[r];
+  return load == 0 ? 1.0 : k / (k + load / 100.0);
+}
+
+bool Straggler::cotenant_on(double real_s) const {
+  if (period_s_ <= 0) return true;
+  return static_cast<int64_t>(std::floor(real_s / period_s_)) % 2 == 0;
+}
+
+double Straggler::capacity(int rank, double elapsed_s) const {
+  if (kind_ != Kind::kStress) return replay_capacity(rank, elapsed_s);
+  double share = stress_share(rank);
+  if (share >= 1.0) return 1.0;
+  return cotenant_on(real_at(elapsed_s)) ? share : 1.0;
+}
+
 int64_t Straggler::mem_cap(int rank) const {
   if (caps_.empty()) return std::numeric_limits<int64_t>::max();
   return caps_[rank % caps_.size()];
@@ -217,7 +336,7 @@ int64_t Straggler::mem_cap(int rank) const {
 balancer::TimeCurve Straggler::curve(int rank, double elapsed_s) const {
   if (curves_.empty()) return {};
   balancer::TimeCurve c = curves_[rank % curves_.size()];
-  double cap = capacity(rank, elapsed_s);
+  double cap = replay_capacity(rank, elapsed_s);
   c.floor_s /= cap;
   c.slope_s_per_sample /= cap;
   return c;
@@ -230,7 +349,7 @@ double Straggler::emulated_seconds(int rank, double elapsed_s, int64_t batch, do
         std::to_string(mem_cap(rank)) + " samples (out of memory); the balancer must respect caps");
   }
   if (gpu_profile()) return std::max(real_s, curve(rank, elapsed_s).time(static_cast<double>(batch)));
-  return real_s / capacity(rank, elapsed_s);
+  return real_s / replay_capacity(rank, elapsed_s);  // real interference (stress) is never stretched
 }
 
 void Straggler::stretch_to(double real_s, double target_s) {
@@ -238,6 +357,8 @@ void Straggler::stretch_to(double real_s, double target_s) {
 }
 
 ResourceMetrics Straggler::metrics(int rank, double elapsed_s, const ResourceMetrics& measured) {
+  if (kind_ == Kind::kStress)
+    real_at(elapsed_s);  // the trainer passes a fresh elapsed here: anchor the clock
   if (!replay()) return measured;
   ResourceMetrics m = measured;
   double cpu = capacity(rank, elapsed_s);
@@ -260,7 +381,24 @@ ResourceMetrics Straggler::metrics(int rank, double elapsed_s, const ResourceMet
 }
 
 void Straggler::start_cotenant(int rank) {
-  if (kind_ != Kind::kStress || stress_load_[rank] == 0) return;
+  if (kind_ != Kind::kStress) return;
+  if (!pin_.empty()) {
+    // Every thread of this process (MPI's included) onto the one CPU; the co-tenant inherits it below.
+    const int cpu = pin_[rank % pin_.size()];
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0)
+      throw std::runtime_error("--straggle pin=: cannot pin rank " + std::to_string(rank) + " to CPU " +
+                               std::to_string(cpu) + " (does this machine have it? see lbbsp info)");
+    if (DIR* d = opendir("/proc/self/task")) {
+      while (dirent* e = readdir(d))
+        if (e->d_name[0] != '.')
+          sched_setaffinity(static_cast<pid_t>(std::atoi(e->d_name)), sizeof one, &one);
+      closedir(d);
+    }
+  }
+  if (stress_load_[rank] == 0) return;
   std::string load = std::to_string(stress_load_[rank]);
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -275,12 +413,14 @@ void Straggler::start_cotenant(int rank) {
   pid_t pid = fork();
   if (pid < 0) throw std::runtime_error("cannot fork the stress-ng co-tenant");
   if (pid == 0) {
+    setpgid(0, 0);  // its own process group: the period's SIGSTOP/SIGCONT must reach stress-ng's worker too
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive the rank
     if (getppid() != parent) _exit(0);
     execlp("stress-ng", "stress-ng", "--cpu", "1", "--cpu-load", load.c_str(), "--taskset", cpus.c_str(),
            "--quiet", static_cast<char*>(nullptr));
     _exit(127);
   }
+  setpgid(pid, pid);  // (also here, so that it holds before the first signal)
   cotenant_ = pid;
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   int status = 0;
@@ -290,16 +430,20 @@ void Straggler::start_cotenant(int rank) {
                              "); install it with scripts/setup.sh (Debian package stress-ng)");
   }
   if (period_s_ > 0) {
+    // On in even periods of the wall clock, off in odd ones (cotenant_on): the same schedule in every rank,
+    // which capacity() reproduces for the oracle. The whole process group: stress-ng's worker is a child.
     auto* flag = new StopFlag;
-    double period = period_s_;
-    flag->thread = std::thread([flag, pid, period] {
+    flag->thread = std::thread([this, flag, pid] {
       bool on = true;
       while (!flag->stop.load()) {
-        auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(period);
-        while (!flag->stop.load() && std::chrono::steady_clock::now() < until)
-          std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        on = !on;
-        kill(pid, on ? SIGCONT : SIGSTOP);
+        bool want = cotenant_on(real_now());
+        if (want != on) {
+          on = want;
+          kill(-pid, on ? SIGCONT : SIGSTOP);
+        }
+        // Until just past the next boundary, at most 50 ms (so that a stop request is seen soon).
+        const double now = real_now(), to_next = period_s_ - std::fmod(now, period_s_);
+        std::this_thread::sleep_for(std::chrono::duration<double>(std::min(0.05, to_next + 0.001)));
       }
     });
     switcher_ = flag;
@@ -315,8 +459,8 @@ void Straggler::stop_cotenant() {
     switcher_ = nullptr;
   }
   if (cotenant_ > 0) {
-    kill(cotenant_, SIGCONT);
-    kill(cotenant_, SIGTERM);
+    kill(-cotenant_, SIGCONT);
+    kill(-cotenant_, SIGTERM);
     waitpid(cotenant_, nullptr, 0);
     cotenant_ = -1;
   }

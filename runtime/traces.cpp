@@ -137,6 +137,7 @@ void sort_and_rebase(TraceSeries& s) {
   for (auto& column : s.exo) permute(column);
   if (!s.time_s.empty()) {
     double t0 = s.time_s.front();
+    s.origin_s = t0;
     for (double& t : s.time_s) t -= t0;
   }
 }
@@ -296,6 +297,7 @@ std::vector<TraceSeries> read_plain_csv(const std::string& path, const std::vect
   for (size_t t = 1; t < s.time_s.size(); ++t)
     if (s.time_s[t] < s.time_s[t - 1]) fail_at(path, lines[t + 1].number, "time_s must not decrease");
   double t0 = s.time_s[0];
+  s.origin_s = t0;
   for (double& t : s.time_s) t -= t0;
   return {std::move(s)};
 }

@@ -12,6 +12,7 @@ struct TraceSeries {
   std::string source;                    // file path, plus "#machine" / "#vm" where a file holds several
   std::string family;                    // planetlab | bitbrains | alibaba | azure | csv
   std::vector<double> time_s;            // sample times, seconds from the series' start
+  double origin_s = 0;                   // the first sample's time in the file's own clock (0 for planetlab)
   std::vector<double> capacity;          // speed signal in (0, 1]: 1 - cpu_util/100, or throughput / max
   std::vector<std::string> exo_names;    // other columns (memory %, net, ...)
   std::vector<std::vector<double>> exo;  // exo[k][t], same length as capacity (NaN where the trace has a gap)

@@ -98,6 +98,74 @@ TEST(Straggler, TraceReplayFollowsTheSeriesWithScaleAndOffset) {
   EXPECT_DOUBLE_EQ(s.capacity(0, 6.0), 1.0);  // wraps around
 }
 
+TEST(Straggler, TraceRateReplaysByTheTracesOwnTimestamps) {
+  const std::string path = scratch("irregular.csv");
+  std::ofstream(path) << "time_s,capacity\n0,1.0\n10,0.5\n12,0.25\n40,0.8\n";
+  Straggler s("trace:" + path + ";rate=10;offset=0", 1, 1);  // 10 trace seconds per second of training
+  EXPECT_DOUBLE_EQ(s.capacity(0, 0.0), 1.0);
+  EXPECT_DOUBLE_EQ(s.capacity(0, 0.99), 1.0);  // held until the next sample's time
+  EXPECT_DOUBLE_EQ(s.capacity(0, 1.0), 0.5);
+  EXPECT_DOUBLE_EQ(s.capacity(0, 1.25), 0.25);  // a 2 s gap lasts 0.2 s, a 28 s gap 2.8 s
+  EXPECT_DOUBLE_EQ(s.capacity(0, 3.9), 0.25);
+  EXPECT_DOUBLE_EQ(s.capacity(0, 4.05), 0.8);  // the last sample lasts one mean gap (40 / 3 s of trace)
+  EXPECT_DOUBLE_EQ(s.capacity(0, 5.4), 1.0);   // then the replay wraps around
+  Straggler o("trace:" + path + ";rate=10;offset=2", 1, 1);  // offset is still a sample index
+  EXPECT_DOUBLE_EQ(o.capacity(0, 0.0), 0.25);
+  EXPECT_DOUBLE_EQ(o.capacity(0, 2.8), 0.8);
+}
+
+TEST(Straggler, AlignTimeReplaysCoLocatedSeriesAtOneMoment) {
+  // Two machines of one cluster whose samples start at different times of the same clock.
+  const std::string a = scratch("machine_a.csv"), b = scratch("machine_b.csv");
+  std::ofstream(a) << "time_s,capacity\n100,0.1\n150,0.2\n200,0.3\n260,0.4\n400,0.5\n";
+  std::ofstream(b) << "time_s,capacity\n150,0.9\n175,0.8\n300,0.7\n400,0.6\n";
+  auto value_at = [](const std::vector<std::pair<double, double>>& rows, double t) {
+    double v = rows.front().second;
+    for (auto& [time, c] : rows)
+      if (time <= t) v = c;
+    return v;
+  };
+  const std::vector<std::pair<double, double>> rows_a = {
+      {100, 0.1}, {150, 0.2}, {200, 0.3}, {260, 0.4}, {400, 0.5}};
+  const std::vector<std::pair<double, double>> rows_b = {{150, 0.9}, {175, 0.8}, {300, 0.7}, {400, 0.6}};
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    Straggler s("trace:" + a + "," + b + ";rate=10;align=time;seed=" + std::to_string(seed), 2, 1);
+    const double start = std::max(s.trace_time(0, 0.0), s.trace_time(1, 0.0));
+    ASSERT_NE(s.source_of(0), s.source_of(1)) << "co-located ranks replay distinct machines";
+    EXPECT_GE(start, 150.0);  // a moment both machines cover
+    EXPECT_LE(start, 400.0);
+    for (double e : {0.0, 0.5, 1.7, 3.0}) {
+      if (s.trace_time(0, e) < s.trace_time(0, 0) || s.trace_time(1, e) < s.trace_time(1, 0))
+        continue;  // one of them wrapped around (near the end)
+      // Both ranks see their machine's latest sample at or before one common time.
+      double common = std::max(s.trace_time(0, e), s.trace_time(1, e));
+      for (int r = 0; r < 2; ++r) {
+        const auto& rows = s.source_of(r).find("machine_a") != std::string::npos ? rows_a : rows_b;
+        EXPECT_DOUBLE_EQ(s.capacity(r, e), value_at(rows, common)) << "seed " << seed << " elapsed " << e;
+      }
+    }
+  }
+}
+
+TEST(Straggler, StressPinModelsTheShareOfTheCoTenantsCpu) {
+  Straggler s("stress:2=100,3=100;pin=0,0,1,1", 4, 1);
+  EXPECT_FALSE(s.replay());
+  EXPECT_DOUBLE_EQ(s.stress_share(0), 1.0);
+  EXPECT_DOUBLE_EQ(s.stress_share(1), 1.0);
+  EXPECT_DOUBLE_EQ(s.stress_share(2), 0.5);   // 2 ranks + 2 co-tenants on CPU 1
+  EXPECT_DOUBLE_EQ(s.capacity(3, 5.0), 0.5);  // no period: always on
+  EXPECT_DOUBLE_EQ(s.capacity(0, 5.0), 1.0);
+  EXPECT_DOUBLE_EQ(s.emulated_seconds(2, 0, 10, 0.2), 0.2);  // real interference is never stretched
+  Straggler one("stress:1=50;pin=0,1;period=1", 2, 1);
+  EXPECT_NEAR(one.stress_share(1), 1.0 / 1.5, 1e-12);
+  EXPECT_TRUE(one.cotenant_on(0.5));  // even periods of the wall clock: on
+  EXPECT_FALSE(one.cotenant_on(1.5));
+  EXPECT_TRUE(one.cotenant_on(1e9 + 0.2));
+  Straggler unpinned("stress:1=80", 2, 1);
+  EXPECT_DOUBLE_EQ(unpinned.stress_share(1), 1.0);  // sharing unknown without pin=
+  EXPECT_DOUBLE_EQ(unpinned.capacity(1, 0.0), 1.0);
+}
+
 TEST(Straggler, GpuProfileIsPiecewiseLinearAndCapsMemory) {
   Straggler s("static:1,0.5;gpu=0.01:32:0.001:64", 2, 1);
   ASSERT_TRUE(s.gpu_profile());
@@ -127,6 +195,11 @@ TEST(Straggler, BadSpecsNameTheProblem) {
   EXPECT_NE(message("stress:1=150").find("1..100"), std::string::npos);
   EXPECT_NE(message("static:1;color=red").find("unknown option 'color'"), std::string::npos);
   EXPECT_NE(message("trace:/nonexistent/dir").find("/nonexistent/dir"), std::string::npos);
+  EXPECT_NE(message("static:1;rate=0").find("rate must be > 0"), std::string::npos);
+  EXPECT_NE(message("static:1;rate=30").find("rate= and align= are for trace:"), std::string::npos);
+  EXPECT_NE(message("static:1;align=sometimes").find("align must be 'time' or 'random'"), std::string::npos);
+  EXPECT_NE(message("static:1;pin=0").find("pin= is for stress:"), std::string::npos);
+  EXPECT_NE(message("stress:1=50;pin=-1").find("pin CPU -1"), std::string::npos);
   EXPECT_EQ(message("none"), "no error");
 }
 
