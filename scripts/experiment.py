@@ -5,9 +5,13 @@ Scenarios (trainer runs under mpirun, 4 ranks, MLP on Fashion-MNIST):
   static   --straggle static:1,1,0.5,0.25 with a linear emulated cost (gpu=0:0:SLOPE:CAP, see --slope): 4 ranks on
            2 loaded cores make compute / capacity (pure sleep) measure CPU contention, not the capacities
   static-sleep  the same without the linear cost (pure sleep-by-capacity), to show that effect
-  trace    replay of real co-tenant CPU traces (Alibaba 2018 co-located machines, scale 2: a 60 s trace step every
-           2 s of training, ~15 iterations; at scale 0.25 the capacity changes nearly every iteration)
-  stress   a real stress-ng co-tenant next to ranks 1 and 3, on/off every 2 s
+  trace    replay of real co-tenant CPU traces (Alibaba 2018 co-located machines): each rank replays its own
+           machine, all from one moment of the cluster (align=time), by the trace's timestamps compressed 30x
+           (rate=30: a median 60 s sample lasts 2 s of training, ~15 iterations); capacity = 1 - CPU util
+  trace-indep  the same machines, each rank from its own random moment (align=random, the old placement: more
+           heterogeneous than a real job, whose workers run at the same time on machines of one cluster)
+  stress   real stress-ng co-tenants: ranks pinned 0,0,1,1 to the 2 CPUs, two 100% co-tenants on CPU 1, on/off
+           every 2 s of wall clock; global batch 4096 so that the ranks' real compute, not the allreduce, dominates
   gpu-emu  GPU-like cost profile (flat to saturation, then linear, memory cap) emulated in the trainer
   gpu-sim  the same kind of profile through `lbbsp simulate --profile gpu` (many workers, trace-driven)
 For each scenario and balancer: mean iteration time, wait fraction, efficiency vs the oracle (oracle mean iteration
@@ -71,11 +75,18 @@ def mode_config(a):
     # The trace's capacities are milder (about 0.3-0.95) than the static pattern's: a steeper slope keeps compute,
     # not the ~50-80 ms allreduce of 4 processes on 2 loaded cores, the bigger part of an iteration.
     tlin = f";gpu=0:0:{a.trace_slope}:1000000" if a.trace_slope > 0 else ""
-    trace_spec = f"trace:{alibaba};scale={a.trace_scale};seed=7{tlin}"
+    # {seed} is filled per repeat (--trace-seed + repeat): repeats sample other machines and moments.
+    clock = f"rate={a.trace_rate}" if a.trace_rate > 0 else f"scale={a.trace_scale}"
+    trace_spec = f"trace:{alibaba};{clock};align=time;seed={{seed}}{tlin}"
+    indep_spec = f"trace:{alibaba};{clock};seed={{seed}}{tlin}"
     scen = {
         "static": {"straggle": f"static:1,1,0.5,0.25{lin}", "balancers": ALL_CPU},
         "trace": {"straggle": trace_spec, "balancers": ALL_CPU},
-        "stress": {"straggle": "stress:1=80,3=50;period=2",
+        "trace-indep": {"straggle": indep_spec, "balancers": ["bsp", "lbbsp-cpu/narx", "oracle"]},
+        # Ranks 0,1 on CPU 0 and 2,3 on CPU 1 with two 100% co-tenants: only ranks 2 and 3 slow down (to half of
+        # the others' speed while the co-tenants run, by CFS's equal shares; capacity() gives the oracle that
+        # model). The MLP's compute at 128 samples per rank is ~3 ms, smaller than the allreduce: 1024 per rank.
+        "stress": {"straggle": "stress:2=100,3=100;pin=0,0,1,1;period=2", "global_batch": 4096,
                    "balancers": ["bsp", "lbbsp-cpu/narx", "lbbsp-cpu/ema", "oracle"]},
         "gpu-emu": {"straggle": f"static:1,1,0.5,0.25;{GPU_EMU}",
                     "balancers": ["bsp", "lbbsp-cpu/narx", "lbbsp-gpu", "lbbsp-gpu-model", "oracle"]},
@@ -89,6 +100,7 @@ def mode_config(a):
         quick = ["bsp", "lbbsp-cpu/narx", "oracle"]
         for k in ("static", "trace"):
             scen[k]["balancers"] = quick
+        del scen["trace-indep"]
         scen["stress"]["balancers"] = ["bsp", "lbbsp-cpu/narx", "oracle"]
         scen["gpu-emu"]["balancers"] = ["bsp", "lbbsp-gpu-model", "oracle"]
         del scen["static-sleep"]
@@ -112,9 +124,11 @@ def mode_config(a):
     if a.balancers:
         for v in cfg["scenarios"].values():
             v["balancers"] = [b for b in a.balancers.split(",") if b in BALANCERS]
-    if not os.path.isdir(alibaba) and "trace" in cfg["scenarios"]:
-        log(f"experiment.py: {alibaba} not found; skipping the trace scenario")
-        del cfg["scenarios"]["trace"]
+    if not os.path.isdir(alibaba):
+        for k in ("trace", "trace-indep"):
+            if k in cfg["scenarios"]:
+                log(f"experiment.py: {alibaba} not found; skipping the {k} scenario")
+                del cfg["scenarios"][k]
     if shutil.which("stress-ng") is None and "stress" in cfg["scenarios"]:
         log("experiment.py: stress-ng not installed; skipping the stress scenario")
         del cfg["scenarios"]["stress"]
@@ -136,9 +150,9 @@ def train_samples(path):
         return int(f["train/labels"].shape[0])
 
 
-def train_cmd(a, cfg, model, straggle, balancer, run_dir, iterations, target):
+def train_cmd(a, cfg, model, straggle, balancer, run_dir, iterations, target, global_batch=None):
     bal, pred = BALANCERS[balancer]
-    gb = cfg["global_batch"] if model == "mlp" else a.cnn_global_batch
+    gb = (global_batch or cfg["global_batch"]) if model == "mlp" else a.cnn_global_batch
     # --lr-schedule cosine: the schedule ends at the iteration cap (its epochs = the cap's epochs, rounded up)
     epochs = math.ceil(iterations * gb / train_samples(a.data)) if a.lr_schedule == "cosine" else 100
     cmd = ["mpirun", "-n", str(cfg["ranks"]), "--oversubscribe", "--bind-to", "none", a.lbbsp, "train",
@@ -157,10 +171,11 @@ def train_cmd(a, cfg, model, straggle, balancer, run_dir, iterations, target):
     return cmd
 
 
-def run_train(a, cfg, scenario, model, straggle, balancer, rep, iterations, target):
+def run_train(a, cfg, scenario, model, straggle, balancer, rep, iterations, target, global_batch=None):
     run_dir = os.path.join(a.out, "runs", f"{scenario}", f"{balancer.replace('/', '_')}-r{rep}")
     os.makedirs(run_dir, exist_ok=True)
-    cmd = train_cmd(a, cfg, model, straggle, balancer, run_dir, iterations, target)
+    straggle = straggle.replace("{seed}", str(a.trace_seed + rep))
+    cmd = train_cmd(a, cfg, model, straggle, balancer, run_dir, iterations, target, global_batch)
     with open(os.path.join(run_dir, "command.txt"), "w") as f:
         f.write(" ".join(f"'{c}'" if (";" in c or " " in c) else c for c in cmd) + "\n")
     t = time.time()
@@ -262,6 +277,23 @@ def time_to(summary, threshold):
     return None
 
 
+def decomposition(run_dir):
+    """From a run's telemetry: the mean slowest compute per iteration (s), and the ideal speed-up of a perfect
+    split over an equal one for the capacities this run saw, mean_t(max_i 1/c_i) / mean_t(R / sum_i c_i) (compute
+    linear in the batch, no fixed costs: the ceiling of any balancer on those capacities). None if absent."""
+    try:
+        r = telemetry(run_dir)
+    except (OSError, KeyError):
+        return None, None
+    it, rank = r["iteration"], r["rank"]
+    n, R = int(it.max()) + 1, int(rank.max()) + 1
+    comp = np.zeros((n, R))
+    cap = np.ones((n, R))
+    comp[it, rank] = r["compute_s"]
+    cap[it, rank] = np.clip(r["capacity"], 1e-3, None)
+    return float(comp.max(1).mean()), float((1 / cap.min(1)).mean() / (R / cap.sum(1)).mean())
+
+
 def aggregate(scenario, runs_by_balancer, target2=None):
     """runs_by_balancer: name -> [summary, ...] (repeats). Returns table rows with derived columns."""
     rows = []
@@ -274,6 +306,9 @@ def aggregate(scenario, runs_by_balancer, target2=None):
         reached = [t for t in tta if t is not None and t >= 0]
         low = [time_to(r, target2) for r in runs] if target2 else [None]
         low_ok = [t for t in low if t is not None]
+        dec = [decomposition(r["run_dir"]) for r in runs if r.get("run_dir")]
+        comp = [d[0] for d in dec if d[0] is not None]
+        ceil = [d[1] for d in dec if d[1] is not None]
         rows.append({"scenario": scenario, "balancer": name, "mean_iteration_s": float(np.mean(it)),
                      "iter_min": min(it), "iter_max": max(it), "n": len(runs),
                      "wait_fraction": mean_or_none([r.get("wait_fraction") for r in runs]),
@@ -282,6 +317,10 @@ def aggregate(scenario, runs_by_balancer, target2=None):
                      "target_accuracy": runs[0].get("target_accuracy"),
                      "time_to_target2_s": float(np.mean(low_ok)) if low_ok and len(low_ok) == len(low) else None,
                      "test_accuracy": float(np.mean([r["test_accuracy"] for r in runs])),
+                     # what no balancer removes: iteration time beyond the slowest rank's compute (allreduce,
+                     # SGD step, balancer, data gather), and the capacity ceiling of the runs' traces
+                     "fixed_s": float(np.mean(it)) - float(np.mean(comp)) if comp else None,
+                     "ideal_speedup": float(np.mean(ceil)) if ceil else None,
                      "run_dir": runs[-1].get("run_dir")})
     base = {r["balancer"]: r["mean_iteration_s"] for r in rows}
     for r in rows:
@@ -296,7 +335,8 @@ def fmt(v, spec, suffix=""):
 
 def write_tables(a, cfg, rows, scen_specs, commands):
     cols = ["scenario", "balancer", "n", "mean_iteration_s", "iter_min", "iter_max", "wait_fraction",
-            "efficiency_vs_oracle", "speedup_vs_bsp", "time_to_target_s", "time_to_target2_s", "test_accuracy"]
+            "efficiency_vs_oracle", "speedup_vs_bsp", "time_to_target_s", "time_to_target2_s", "test_accuracy",
+            "fixed_s", "ideal_speedup"]
     with open(os.path.join(a.out, "results.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols)
@@ -316,8 +356,8 @@ def write_tables(a, cfg, rows, scen_specs, commands):
     for k, v in scen_specs.items():
         lines.append(f"- **{k}**: `{v}`")
     lines += ["", "| scenario | balancer | mean iteration | wait fraction | efficiency vs oracle | speed-up vs BSP | "
-              f"time to {cfg['target']} | time to {cfg['target2']} | final test acc. |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              f"time to {cfg['target']} | time to {cfg['target2']} | final test acc. | fixed | ideal |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rng = f" [{r['iter_min']*1000:.1f}-{r['iter_max']*1000:.1f}]" if r.get("n", 1) > 1 else ""
         tta = fmt(r.get("time_to_target_s"), ".1f", " s")
@@ -331,8 +371,14 @@ def write_tables(a, cfg, rows, scen_specs, commands):
         lines.append(f"| {r['scenario']} | {r['balancer']} | {r['mean_iteration_s']*1000:.1f} ms{rng} | "
                      f"{fmt(r.get('wait_fraction') and 100*r['wait_fraction'], '.1f', '%')} | "
                      f"{fmt(r.get('efficiency_vs_oracle'), '.3f')} | {fmt(r.get('speedup_vs_bsp'), '.2f', 'x')} | "
-                     f"{tta} | {tta2} | {fmt(r.get('test_accuracy'), '.4f')} |")
-    lines += ["", "gpu-sim rows: `lbbsp simulate --profile gpu` (simulated seconds; no training, so no accuracy).",
+                     f"{tta} | {tta2} | {fmt(r.get('test_accuracy'), '.4f')} | "
+                     f"{fmt(r.get('fixed_s') and 1000 * r['fixed_s'], '.1f', ' ms')} | "
+                     f"{fmt(r.get('ideal_speedup'), '.2f', 'x')} |")
+    lines += ["", "fixed: mean iteration time beyond the slowest rank's compute (allreduce, SGD step, balancer), which no "
+              "balancer removes. ideal: mean_t(max_i 1/c_i) / mean_t(R / sum_i c_i) over the capacities c the "
+              "run saw (telemetry), the speed-up of a perfect split over an equal one with compute linear in the "
+              "batch and no fixed cost: the ceiling for that scenario and window (stress: the share model).",
+              "gpu-sim rows: `lbbsp simulate --profile gpu` (simulated seconds; no training, so no accuracy).",
               "pytorch-ddp: scripts/peers/pytorch_ddp.py, equal split (DDP cannot rebalance), same sleep-by-capacity "
               "emulation; its efficiency/speed-up columns compare against lbbsp's oracle/BSP rows.", "",
               "## Commands", "", "```"] + commands + ["```", "", "Plots: " + ", ".join(
@@ -441,6 +487,52 @@ def summary_plot(a, rows):
     plt.close(fig)
 
 
+def trace_ceiling(path, ranks_list, window_s, rate, windows, seed):
+    """Ideal speed-up of a perfect split over an equal one (compute linear in the batch, no fixed cost) on the
+    Alibaba machine_usage trace, over `windows` random replay windows of `window_s` training seconds at `rate`
+    trace seconds per second: co-located (ranks on distinct machines at one moment, align=time) vs independent
+    (each rank its own machine and moment). Capacity = 1 - CPU util, clamped to [0.05, 1], as the replay does."""
+    import gzip
+    rows = {}
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            p = line.split(",")
+            rows.setdefault(p[0], []).append((float(p[1]), float(p[2])))
+    ser = {m: np.array(sorted(v)) for m, v in rows.items()}
+    span = window_s * rate
+    ts = np.arange(0.0, span, 2.0 * rate / 15)  # one point per ~iteration (15 iterations per 2 s)
+    rng = np.random.default_rng(seed)
+
+    def caps(m, start):
+        t, u = ser[m][:, 0], ser[m][:, 1]
+        i = np.clip(np.searchsorted(t, start + ts, side="right") - 1, 0, len(t) - 1)
+        return np.clip(1 - u[i] / 100, 0.05, 1)
+
+    def ideal(c):
+        return (1 / c.min(1)).mean() / (c.shape[1] / c.sum(1)).mean()
+
+    lo = min(v[0, 0] for v in ser.values())
+    hi = max(v[-1, 0] for v in ser.values())
+    lines = [f"Ideal speed-up over BSP on {os.path.basename(path)}: {windows} random windows of {window_s:.0f} s "
+             f"of training at rate {rate:g} ({span / 60:.0f} min of trace), capacity = 1 - CPU util", "",
+             "| ranks | placement | mean | median | p25 | p75 | share of windows >= 1.4x |", "|---|---|---|---|---|---|---|"]
+    for R in ranks_list:
+        res = {"co-located (align=time)": [], "independent (align=random)": []}
+        for _ in range(windows):
+            t0 = rng.uniform(lo, hi - span)
+            cover = [m for m, v in ser.items() if v[0, 0] <= t0 and v[-1, 0] >= t0 + span]
+            ms = rng.choice(sorted(cover), min(R, len(cover)), replace=False)
+            res["co-located (align=time)"].append(ideal(np.array([caps(m, t0) for m in ms]).T))
+            ms = rng.choice(sorted(ser), min(R, len(ser)), replace=False)
+            res["independent (align=random)"].append(ideal(np.array(
+                [caps(m, rng.uniform(ser[m][0, 0], max(ser[m][0, 0], ser[m][-1, 0] - span))) for m in ms]).T))
+        for k, v in res.items():
+            v = np.array(v)
+            lines.append(f"| {R} | {k} | {v.mean():.2f}x | {np.median(v):.2f}x | {np.percentile(v, 25):.2f}x | "
+                         f"{np.percentile(v, 75):.2f}x | {np.mean(v >= 1.4):.0%} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lbbsp", default=os.path.join(ROOT, "build", "lbbsp"))
@@ -466,13 +558,30 @@ def main():
                     help="cosine decays to 0 at --iterations (for time-to-accuracy runs)")
     ap.add_argument("--lag", type=int, default=0)
     ap.add_argument("--min-batch", type=int, default=None)
-    ap.add_argument("--trace-scale", type=float, default=2.0)
-    ap.add_argument("--scenarios", default=None, help="comma list of static,trace,stress,gpu-emu,gpu-sim")
+    ap.add_argument("--trace-scale", type=float, default=2.0,
+                    help="with --trace-rate 0: seconds of training per trace row (the old row-indexed replay)")
+    ap.add_argument("--trace-rate", type=float, default=30.0,
+                    help="trace seconds per second of training, by the trace's timestamps (Alibaba's median "
+                         "sample gap of 60 s lasts 2 s); 0: row-indexed replay with --trace-scale")
+    ap.add_argument("--trace-seed", type=int, default=7,
+                    help="seed of the trace placement in repeat 0; repeat k uses this + k")
+    ap.add_argument("--scenarios", default=None,
+                    help="comma list of static,trace,trace-indep,stress,gpu-emu,gpu-sim,static-sleep")
     ap.add_argument("--balancers", default=None, help="comma list, e.g. bsp,lbbsp-cpu/narx,oracle")
     ap.add_argument("--torch-python", default="/usr/bin/python3")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--run-timeout", type=float, default=900)
+    ap.add_argument("--trace-ceiling", action="store_true",
+                    help="no runs: print the ideal speed-up over BSP that the Alibaba trace allows (random windows, "
+                         "co-located vs independent placement, --ceiling-ranks) and exit")
+    ap.add_argument("--ceiling-ranks", default="4,8,16")
+    ap.add_argument("--ceiling-window", type=float, default=40.0, help="training seconds per window")
     a = ap.parse_args()
+    if a.trace_ceiling:
+        print(trace_ceiling(os.path.join(TRACES, "alibaba_v2018_machine_usage", "machine_usage.csv.gz"),
+                            [int(x) for x in a.ceiling_ranks.split(",")], a.ceiling_window,
+                            a.trace_rate if a.trace_rate > 0 else 60.0 / a.trace_scale, 2000, a.trace_seed))
+        return
     a.out = a.out or os.path.join(ROOT, "results", f"experiment-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     a.lbbsp = os.path.abspath(a.lbbsp)
     if not os.access(a.lbbsp, os.X_OK):
@@ -501,12 +610,13 @@ def main():
     for rep in range(cfg["repeats"]):
         for scenario, v in cfg["scenarios"].items():
             iters = cfg["gpu_iterations"] if scenario in ("gpu-emu", "static-sleep") else cfg["iterations"]
-            if scenario == "trace" and not a.smoke and not a.iterations:
+            if scenario.startswith("trace") and not a.smoke and not a.iterations:
                 iters = cfg["iterations"] * 5 // 6
             target = None if scenario in ("gpu-emu", "static-sleep") else cfg["target"]
             for b in v["balancers"]:
                 s = (load_run(a, scenario, b, rep) if a.rebuild
-                     else run_train(a, cfg, scenario, "mlp", v["straggle"], b, rep, iters, target))
+                     else run_train(a, cfg, scenario, "mlp", v["straggle"], b, rep, iters, target,
+                                    v.get("global_batch")))
                 runs[scenario][b].append(s)
                 if s:
                     log(f"[{time.time() - t0:6.0f} s] {scenario:8s} {b:16s} iter {s['mean_iteration_s']*1000:7.1f} ms"
@@ -540,7 +650,9 @@ def main():
     for scenario, rb in runs.items():
         rows += aggregate(scenario, rb, cfg["target2"])
         plots(a, scenario, rb)
-    scen_specs = {k: v["straggle"] for k, v in cfg["scenarios"].items()}
+    scen_specs = {k: v["straggle"].replace("{seed}", f"{a.trace_seed}+repeat") +
+                  (f" (global batch {v['global_batch']})" if v.get("global_batch") else "")
+                  for k, v in cfg["scenarios"].items()}
     if cfg["sim"]:
         rows += run_sim(a, cfg)
         commands.append(open(os.path.join(a.out, "runs", "gpu-sim", "command.txt")).read().strip())
