@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 
 namespace lbbsp::runtime {
 
@@ -23,13 +24,18 @@ double wall_seconds() {
 }
 }  // namespace
 
-ResourceMonitor::ResourceMonitor() {
+std::vector<int> ResourceMonitor::allowed_cpus() {
+  std::vector<int> cpus;
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0) {
     for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) cpus_.push_back(c);
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
   }
+  return cpus;
+}
+
+ResourceMonitor::ResourceMonitor() : cpus_(allowed_cpus()) {
   ticks_per_s_ = sysconf(_SC_CLK_TCK);
   last_ = read_cpu_times();
   last_own_s_ = own_cpu_seconds();
@@ -57,6 +63,13 @@ ResourceMonitor::CpuTimes ResourceMonitor::read_cpu_times() const {
 
 ResourceMetrics ResourceMonitor::sample() {
   ResourceMetrics m;
+  if (std::vector<int> cpus = allowed_cpus(); cpus != cpus_) {
+    // Pinned elsewhere since the last sample: the old baseline counts other CPUs, so start afresh (this
+    // sample reports cpu_avail 1).
+    cpus_ = std::move(cpus);
+    last_ = read_cpu_times();
+    last_own_s_ = own_cpu_seconds();
+  }
   CpuTimes now = read_cpu_times();
   double own = own_cpu_seconds(), wall = wall_seconds();
   double total_s = static_cast<double>(now.total - last_.total) / ticks_per_s_;

@@ -14,7 +14,9 @@ struct ResourceMetrics {
 class ResourceMonitor {
  public:
   ResourceMonitor();
-  // Metrics over the interval since the previous call (the first call covers the time since construction).
+  // Metrics over the interval since the previous call (the first call covers the time since construction),
+  // on the CPUs this process may run on now (re-read each call: a rank pinned later is measured where it
+  // runs).
   ResourceMetrics sample();
 
  private:
@@ -22,7 +24,8 @@ class ResourceMonitor {
     uint64_t busy = 0, total = 0;
   };
   CpuTimes read_cpu_times() const;
-  std::vector<int> cpus_;  // the CPUs this process may run on
+  static std::vector<int> allowed_cpus();  // this process's affinity mask (sched_getaffinity)
+  std::vector<int> cpus_;                  // the CPUs this process may run on
   CpuTimes last_;
   double last_own_s_ = 0, last_wall_s_ = 0;
   long ticks_per_s_ = 100;

@@ -295,7 +295,6 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
 
   Straggler straggler(cfg.straggle, R, cfg.seed);
   const std::vector<int64_t> caps = comm.allgather(std::min(my_cap, straggler.mem_cap(me)));
-  ResourceMonitor monitor;
   constexpr int kExo = 3;  // cpu_avail, mem_avail, load
 
   balancer::BalancerConfig bc;
@@ -362,6 +361,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   std::vector<int64_t> perm, rows;
   std::vector<double> predicted(R, 0.0);
   straggler.start_cotenant(me);
+  ResourceMonitor monitor;  // after start_cotenant: it measures the CPUs this rank is pinned to
   Watchdog watchdog(me, cfg.iteration_timeout_s);
 
   // Statistics for progress and the summary.

@@ -1,0 +1,92 @@
+// ResourceMonitor: cpu_avail measures what OTHER processes take of the CPUs this process may run on, and
+// follows a re-pin (a rank pinned after the monitor was made is measured where it runs).
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "runtime/monitor.hpp"
+
+namespace {
+
+using lbbsp::runtime::ResourceMonitor;
+
+std::vector<int> allowed() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  return cpus;
+}
+
+void pin(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  ASSERT_EQ(sched_setaffinity(0, sizeof set, &set), 0);
+}
+
+// A child process spinning on `cpu` for `ms` milliseconds while we wait (asleep) for it.
+void busy_child_on(int cpu, int ms) {
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    sched_setaffinity(0, sizeof set, &set);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    volatile unsigned long x = 0;
+    while (std::chrono::steady_clock::now() < end) x = x + 1;
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+}
+
+class Pinned : public ::testing::Test {
+ protected:
+  void TearDown() override { pin(all_); }
+  std::vector<int> all_ = allowed();
+};
+
+TEST_F(Pinned, MetricsAreInRange) {
+  ResourceMonitor m;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto s = m.sample();
+  EXPECT_GE(s.cpu_avail, 0.0);
+  EXPECT_LE(s.cpu_avail, 1.0);
+  EXPECT_GT(s.mem_avail, 0.0);
+  EXPECT_LE(s.mem_avail, 1.0);
+  EXPECT_GE(s.load, 0.0);
+}
+
+// Another process busy on our only CPU leaves us little of it.
+TEST_F(Pinned, SeesAnotherProcessOnThePinnedCpu) {
+  ASSERT_FALSE(all_.empty());
+  pin({all_[0]});
+  ResourceMonitor m;
+  m.sample();
+  busy_child_on(all_[0], 400);
+  EXPECT_LT(m.sample().cpu_avail, 0.5);
+}
+
+// Made before the pin (as a rank's monitor is before its straggler pins it): the first sample after the pin
+// starts afresh (cpu_avail 1, although the interval before it was busy), the next one measures the new CPU.
+TEST_F(Pinned, FollowsARepin) {
+  ASSERT_FALSE(all_.empty());
+  ResourceMonitor m;
+  busy_child_on(all_[0], 300);
+  pin({all_[0]});
+  EXPECT_EQ(m.sample().cpu_avail, 1.0);
+  busy_child_on(all_[0], 400);
+  EXPECT_LT(m.sample().cpu_avail, 0.5);
+}
+
+}  // namespace
