@@ -14,7 +14,10 @@ Settings (each run over every trace in --traces x every seed in --seeds, stress 
   sleep   trace replay, the real compute stretched to compute/capacity by sleeping (speed noise = the real
           compute's noise on the shared cores)
   stress  real stress-ng co-tenants on ranks 1 and 3 switching on and off every PERIOD s (exogenous inputs from
-          /proc); only with --stress
+          /proc); only with --stress. All 4 ranks share both cores, so the co-tenants slow every rank.
+  pinned  ranks pinned 0,0,1,1 to the 2 CPUs, two 100% stress-ng co-tenants on CPU 1 switching on and off every
+          PERIOD s, global batch 4096 (the experiment driver's stress scenario): only ranks 2 and 3 slow down, and
+          their cpu_avail (measured on the CPU they are pinned to) shows it; only with --stress
 
 usage: scripts/experiments/telemetry_eval.py [--lbbsp build/lbbsp] [--out DIR] [--iterations 400]
            [--traces A,B,C] [--seeds 1,2] [--scale 0.5] [--settings heavy,linear,sleep] [--stress] [--per-run]
@@ -32,7 +35,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREDICTORS = ["narx", "arima", "ema", "last"]
-ORDER = ["heavy", "linear", "sleep", "stress"]
+ORDER = ["heavy", "linear", "sleep", "stress", "pinned"]
 
 
 def run(cmd, log=None):
@@ -54,14 +57,14 @@ def mpi_env():
     return env
 
 
-def record(a, name, straggle, seed, runs_dir):
+def record(a, name, straggle, seed, runs_dir, global_batch=256):
     d = os.path.join(runs_dir, name)
     if os.path.exists(os.path.join(d, "telemetry.h5")) and not a.force:
         print(f"telemetry_eval: {d} exists, reused (--force re-records)", file=sys.stderr)
         return d
     os.makedirs(d, exist_ok=True)
     cmd = ["mpirun", "-n", str(a.ranks), "--oversubscribe", "--bind-to", "none", a.lbbsp, "train",
-           "--data", a.data, "--model", "mlp", "--global-batch", "256", "--lr", "0.1", "--epochs", "100",
+           "--data", a.data, "--model", "mlp", "--global-batch", str(global_batch), "--lr", "0.1", "--epochs", "100",
            "--max-iterations", str(a.iterations), "--seed", str(seed), "--balancer", "lbbsp-cpu",
            "--predictor", "narx", "--straggle", straggle, "--eval-every", "1000000", "--test-subset", "1000",
            "--log-dir", d]
@@ -154,6 +157,9 @@ def main():
                 name = f"stress-p{period}"
                 spec = f"stress:1=90,3=60;period={period}"
                 runs.append(("stress", name, record(a, name, spec, 1, runs_dir)))
+                name = f"pinned-p{period}"
+                spec = f"stress:2=100,3=100;pin=0,0,1,1;period={period}"
+                runs.append(("pinned", name, record(a, name, spec, 1, runs_dir, global_batch=4096)))
 
     scored = [(setting, name, score(a, d)) for setting, name, d in runs]
     lines = ["| setting | runs | scored steps | NARX RMSE | ARIMA | EMA | last | NARX / EMA | NARX / ARIMA |",
