@@ -77,7 +77,8 @@ def mode_config(a):
     tlin = f";gpu=0:0:{a.trace_slope}:1000000" if a.trace_slope > 0 else ""
     # {seed} is filled per repeat (--trace-seed + repeat): repeats sample other machines and moments.
     clock = f"rate={a.trace_rate}" if a.trace_rate > 0 else f"scale={a.trace_scale}"
-    trace_spec = f"trace:{alibaba};{clock};align=time;seed={{seed}}{tlin}"
+    align = ";align=time" if a.trace_rate > 0 else ""  # (row-indexed replay has no common clock)
+    trace_spec = f"trace:{alibaba};{clock}{align};seed={{seed}}{tlin}"
     indep_spec = f"trace:{alibaba};{clock};seed={{seed}}{tlin}"
     scen = {
         "static": {"straggle": f"static:1,1,0.5,0.25{lin}", "balancers": ALL_CPU},
@@ -92,7 +93,7 @@ def mode_config(a):
                     "balancers": ["bsp", "lbbsp-cpu/narx", "lbbsp-gpu", "lbbsp-gpu-model", "oracle"]},
         "static-sleep": {"straggle": "static:1,1,0.5,0.25", "balancers": ["bsp", "lbbsp-cpu/narx", "oracle"]},
     }
-    cfg = dict(model="mlp", ranks=4, global_batch=a.global_batch, lr=a.lr, target=0.85, eval_every=50,
+    cfg = dict(model="mlp", ranks=a.ranks, global_batch=a.global_batch, lr=a.lr, target=0.85, eval_every=50,
                test_subset=5000, iterations=a.iterations or 300, gpu_iterations=150, sim=True, peer=True,
                scenarios=scen, repeats=a.repeats)
     if a.quick:
@@ -547,6 +548,7 @@ def main():
     ap.add_argument("--rebuild", action="store_true", help="no runs: rebuild tables and plots from --out's runs/")
     ap.add_argument("--full", action="store_true", help="also the CNN (to 0.89) on the static scenario (slow)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--ranks", type=int, default=4, help="MPI ranks (the stress scenario's pin= assumes 4)")
     ap.add_argument("--iterations", type=int, default=0)
     ap.add_argument("--global-batch", type=int, default=512)
     ap.add_argument("--slope", type=float, default=0.0003,
