@@ -69,7 +69,7 @@ Straggler::Straggler(const std::string& spec, int ranks, uint64_t seed)
   static const char* kHelp =
       " (expected none | static:F0,F1,... | trace:PATH[,PATH...] | stress:RANK=LOAD[,...], then optional "
       ";scale=S ;rate=K ;align=time ;offset=O,... ;noise=SD ;period=S ;pin=C,... "
-      ";gpu=FLOOR:SAT:SLOPE:CAP[,...] "
+      ";gpu=FLOOR:SAT:SLOPE:CAP[,...] ;tick=S "
       ";seed=N)";
   auto parts = split(spec, ';');
   if (parts.empty() || parts[0].empty())
@@ -111,6 +111,9 @@ Straggler::Straggler(const std::string& spec, int ranks, uint64_t seed)
     } else if (key == "period") {
       period_s_ = to_double(val, "period");
       if (period_s_ <= 0) throw std::invalid_argument("--straggle: period must be > 0 seconds");
+    } else if (key == "tick") {
+      tick_s_ = to_double(val, "tick");
+      if (tick_s_ <= 0) throw std::invalid_argument("--straggle: tick must be > 0 seconds per iteration");
     } else if (key == "seed") {
       seed_ = static_cast<uint64_t>(to_int(val, "seed"));
     } else if (key == "gpu") {
@@ -253,6 +256,9 @@ Straggler::Straggler(const std::string& spec, int ranks, uint64_t seed)
         "--straggle: pin= is for stress: (replay kinds emulate, they need no pinning)");
   if ((rate_ > 0 || align_time_) && kind_ != Kind::kTrace)
     throw std::invalid_argument("--straggle: rate= and align= are for trace:");
+  if (tick_s_ > 0 && kind_ == Kind::kStress)
+    throw std::invalid_argument(
+        "--straggle: tick= is for replay (static:, trace:); stress: co-tenants run in wall-clock time");
   noise_state_ = seed_ * 0x9E3779B97F4A7C15ULL + 1;
 }
 

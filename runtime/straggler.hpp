@@ -16,6 +16,9 @@
 //            seconds
 //                               divided by the capacity, and at most CAP samples (more is an out-of-memory
 //                               error)
+//            | tick=S           static/trace: the replay clock advances S seconds per iteration instead of
+//            with
+//                               the wall clock, so every balancer meets the same capacity sequence
 //            | seed=N           seed for trace assignment, offsets and noise (default: the training seed)
 //            | pin=C0,C1,...    stress: pin rank r to CPU C(r mod n) (its co-tenant runs there too), so that
 //                               only the ranks sharing a co-tenant's CPU slow down; capacity() then models
@@ -55,6 +58,11 @@ class Straggler {
   bool replay() const { return kind_ == Kind::kStatic || kind_ == Kind::kTrace; }
   bool gpu_profile() const { return !curves_.empty(); }
 
+  // The time the replay functions below take as elapsed_s, for iteration `iteration` starting at wall_s
+  // seconds of training: wall_s, or iteration * S with tick=S.
+  double replay_clock(double wall_s, int64_t iteration) const {
+    return tick_s_ > 0 ? static_cast<double>(iteration) * tick_s_ : wall_s;
+  }
   // Emulated capacity factor of `rank` at `elapsed_s` seconds of training (1 for real interference).
   double capacity(int rank, double elapsed_s) const;
   // Most samples `rank` may hold (GPU profile), else no limit.
@@ -99,6 +107,7 @@ class Straggler {
   double scale_s_ = 1.0;
   double noise_sd_ = 0.0;
   double period_s_ = 0.0;
+  double tick_s_ = 0.0;  // replay clock per iteration (0: the wall clock)
   uint64_t seed_ = 0;
   std::vector<double> static_factors_;
   std::vector<CapacitySeries> series_;  // trace: loaded series

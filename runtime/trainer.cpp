@@ -517,6 +517,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     if (pos == 0 || perm.empty()) perm = epoch_permutation(n_train, cfg.seed, epoch);
     const auto t_iter = Clock::now();
     const double elapsed = seconds_since(t0);
+    const double replay_now = straggler.replay_clock(elapsed, it);  // emulation's clock for this iteration
     watchdog.beat(it, "compute");
 
     // My slice of the global batch: positions [pos*X + b_0 + ... + b_{me-1}, + b_me) of the permutation.
@@ -542,10 +543,11 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     auto stats = engine.forward_backward(x.data(), y.data(), static_cast<int>(n), buf.data());
     if (it == fault.iteration && me == fault.rank && fault.kind == "nan") stats.loss_sum = NAN;
     const double real_s = seconds_since(t_compute);
-    const double target_s = straggler.emulated_seconds(me, elapsed, n, real_s);
+    const double target_s = straggler.emulated_seconds(me, replay_now, n, real_s);
     Straggler::stretch_to(seconds_since(t_compute), target_s);
     const double compute_s = seconds_since(t_compute);
-    const auto metrics = straggler.metrics(me, seconds_since(t0), monitor.sample());
+    const auto metrics =
+        straggler.metrics(me, straggler.replay_clock(seconds_since(t0), it + 1), monitor.sample());
 
     buf[off_stats] = static_cast<float>(stats.loss_sum);
     buf[off_stats + 1] = static_cast<float>(stats.correct);
@@ -554,7 +556,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     slot[kCpu] = static_cast<float>(metrics.cpu_avail);
     slot[kMem] = static_cast<float>(metrics.mem_avail);
     slot[kLoad] = static_cast<float>(metrics.load);
-    slot[kCapacity] = static_cast<float>(straggler.capacity(me, elapsed));
+    slot[kCapacity] = static_cast<float>(straggler.capacity(me, replay_now));
     slot[kRealCompute] = static_cast<float>(real_s);
 
     double coord_s = 0;
@@ -596,7 +598,8 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
       report.workers.resize(R);
       // Lag 0 decides for the next iteration (starts now); lag 1 for the one after (starts one iteration
       // later).
-      const double next_start = seconds_since(t0) + (cfg.lag == 1 ? last_iter_s : 0.0);
+      const double next_start =
+          straggler.replay_clock(seconds_since(t0) + (cfg.lag == 1 ? last_iter_s : 0.0), it + 1 + cfg.lag);
       for (int r = 0; r < R; ++r) {
         const float* s = buf.data() + off_slots + r * kSlotFields;
         auto& w = report.workers[r];

@@ -98,6 +98,19 @@ TEST(Straggler, TraceReplayFollowsTheSeriesWithScaleAndOffset) {
   EXPECT_DOUBLE_EQ(s.capacity(0, 6.0), 1.0);  // wraps around
 }
 
+// tick=S: the replay clock is the iteration count times S, whatever the wall clock says.
+TEST(Straggler, TickReplaysByIterationNotWallClock) {
+  const std::string path = scratch("tick.csv");
+  std::ofstream(path) << "time_s,capacity\n0,1.0\n1,0.5\n2,0.25\n3,0.8\n";
+  Straggler s("trace:" + path + ";scale=2;offset=0;tick=0.5", 1, 1);
+  EXPECT_DOUBLE_EQ(s.replay_clock(123.0, 0), 0.0);
+  EXPECT_DOUBLE_EQ(s.replay_clock(0.001, 6), 3.0);
+  EXPECT_DOUBLE_EQ(s.capacity(0, s.replay_clock(99.0, 3)), 1.0);  // 1.5 s: still the first 2 s step
+  EXPECT_DOUBLE_EQ(s.capacity(0, s.replay_clock(0.0, 4)), 0.5);   // 2.0 s: the second step
+  Straggler wall("trace:" + path + ";scale=2;offset=0", 1, 1);
+  EXPECT_DOUBLE_EQ(wall.replay_clock(2.5, 1000), 2.5);  // without tick= the wall clock
+}
+
 TEST(Straggler, TraceRateReplaysByTheTracesOwnTimestamps) {
   const std::string path = scratch("irregular.csv");
   std::ofstream(path) << "time_s,capacity\n0,1.0\n10,0.5\n12,0.25\n40,0.8\n";
@@ -200,6 +213,8 @@ TEST(Straggler, BadSpecsNameTheProblem) {
   EXPECT_NE(message("static:1;align=sometimes").find("align must be 'time' or 'random'"), std::string::npos);
   EXPECT_NE(message("static:1;pin=0").find("pin= is for stress:"), std::string::npos);
   EXPECT_NE(message("stress:1=50;pin=-1").find("pin CPU -1"), std::string::npos);
+  EXPECT_NE(message("static:1;tick=0").find("tick must be > 0"), std::string::npos);
+  EXPECT_NE(message("stress:1=50;tick=1").find("tick= is for replay"), std::string::npos);
   EXPECT_EQ(message("none"), "no error");
 }
 
