@@ -78,6 +78,8 @@ def mode_config(a):
     # {seed} is filled per repeat (--trace-seed + repeat): repeats sample other machines and moments.
     clock = f"rate={a.trace_rate}" if a.trace_rate > 0 else f"scale={a.trace_scale}"
     align = ";align=time" if a.trace_rate > 0 else ""  # (row-indexed replay has no common clock)
+    # --trace-tick S: the replay clock advances S s per iteration, so every balancer meets the same capacities.
+    clock += f";tick={a.trace_tick}" if a.trace_tick > 0 else ""
     trace_spec = f"trace:{alibaba};{clock}{align};seed={{seed}}{tlin}"
     indep_spec = f"trace:{alibaba};{clock};seed={{seed}}{tlin}"
     scen = {
@@ -565,6 +567,9 @@ def main():
     ap.add_argument("--trace-rate", type=float, default=30.0,
                     help="trace seconds per second of training, by the trace's timestamps (Alibaba's median "
                          "sample gap of 60 s lasts 2 s); 0: row-indexed replay with --trace-scale")
+    ap.add_argument("--trace-tick", type=float, default=0.0,
+                    help="trace replay clock in seconds per iteration (0: the wall clock); with it every balancer "
+                    "replays the same capacities")
     ap.add_argument("--trace-seed", type=int, default=7,
                     help="seed of the trace placement in repeat 0; repeat k uses this + k")
     ap.add_argument("--scenarios", default=None,
