@@ -174,6 +174,16 @@ def train_cmd(a, cfg, model, straggle, balancer, run_dir, iterations, target, gl
     return cmd
 
 
+FAILED_RUNS = []  # "scenario/balancer rN: first error line" of every run that failed (exit status 1 at the end)
+
+
+def run_failed(what, p):
+    text = (p.stderr or p.stdout or "").strip()
+    first = next((l for l in text.splitlines() if "error" in l.lower()), text.splitlines()[0] if text else "")
+    FAILED_RUNS.append(f"{what}: {first[:300]}")
+    log(f"  {what}: FAILED (exit {p.returncode}): {text[-600:]}")
+
+
 def run_train(a, cfg, scenario, model, straggle, balancer, rep, iterations, target, global_batch=None):
     run_dir = os.path.join(a.out, "runs", f"{scenario}", f"{balancer.replace('/', '_')}-r{rep}")
     os.makedirs(run_dir, exist_ok=True)
@@ -184,7 +194,7 @@ def run_train(a, cfg, scenario, model, straggle, balancer, rep, iterations, targ
     t = time.time()
     p = subprocess.run(cmd, env=mpirun_env(), cwd=ROOT, capture_output=True, text=True, timeout=a.run_timeout)
     if p.returncode != 0:
-        log(f"  {scenario}/{balancer}: FAILED (exit {p.returncode}): {(p.stderr or p.stdout)[-600:]}")
+        run_failed(f"{scenario}/{balancer} r{rep}", p)
         return None
     s = json.load(open(os.path.join(run_dir, "summary.json")))
     s["run_dir"] = run_dir
@@ -211,7 +221,7 @@ def run_peer(a, cfg, scenario, straggle, rep, iterations, target):
         log(f"  {scenario}/pytorch-ddp: timed out")
         return None
     if p.returncode != 0:
-        log(f"  {scenario}/pytorch-ddp: FAILED (exit {p.returncode}): {(p.stderr or p.stdout)[-600:]}")
+        run_failed(f"{scenario}/pytorch-ddp r{rep}", p)
         return None
     s = json.load(open(os.path.join(run_dir, "summary.json")))
     s["run_dir"] = run_dir
@@ -243,7 +253,7 @@ def run_sim(a, cfg):
         f.write(" ".join(cmd) + "\n")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.run_timeout)
     if p.returncode != 0:
-        log(f"  gpu-sim: FAILED: {p.stderr[-600:]}")
+        run_failed("gpu-sim", p)
         return []
     j = json.loads(p.stdout)
     json.dump(j, open(os.path.join(out, "simulate.json"), "w"), indent=1)
@@ -669,6 +679,9 @@ def main():
     write_tables(a, cfg, rows, scen_specs, commands)
     log(open(os.path.join(a.out, "results.md")).read())
     log(f"experiment.py: {len(rows)} rows in {time.time() - t0:.0f} s; results in {a.out}")
+    if FAILED_RUNS:
+        sys.exit(f"experiment.py: {len(FAILED_RUNS)} run(s) failed (logs above, commands in {a.out}/runs):\n  " +
+                 "\n  ".join(FAILED_RUNS))
 
 
 if __name__ == "__main__":

@@ -32,3 +32,18 @@ for b in rows:
 # this test (a loaded machine can reorder them).
 print("ok: smoke experiment numbers are sane")
 PY
+
+# A run that fails makes the whole experiment fail, naming the run and its error (a wrapper fails oracle's ranks).
+cat >"$SCRATCH/lbbsp_failing_oracle" <<EOF
+#!/usr/bin/env bash
+for arg in "\$@"; do [[ \$arg == oracle ]] && { echo "lbbsp: rank 0: error: injected by the test" >&2; exit 3; }; done
+exec "$LBBSP" "\$@"
+EOF
+chmod +x "$SCRATCH/lbbsp_failing_oracle"
+rc=0
+timeout 120 $PY "$ROOT/scripts/experiment.py" --smoke --balancers bsp,oracle --lbbsp "$SCRATCH/lbbsp_failing_oracle" \
+  --data "$SCRATCH/synth.h5" --out "$SCRATCH/out-fail" >"$SCRATCH/log-fail.txt" 2>&1 || rc=$?
+[[ $rc -ne 0 ]] || { cat "$SCRATCH/log-fail.txt"; fail "experiment.py exited 0 although the oracle run failed"; }
+grep -q "1 run(s) failed" "$SCRATCH/log-fail.txt" && grep -q "static/oracle r0: lbbsp: rank 0: error: injected" \
+  "$SCRATCH/log-fail.txt" || { cat "$SCRATCH/log-fail.txt"; fail "the failed run is not named"; }
+echo "ok: a failed run fails the experiment and is named"
