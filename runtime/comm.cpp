@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+#include <utility>
 
 #include "runtime/check.hpp"
 
@@ -71,31 +72,30 @@ double Comm::wtime() const {
   return MPI_Wtime();
 }
 
-std::string Comm::cuda_support() const {
+namespace {
+// Whether MPI calls accept CUDA device pointers, and the library's own words for it.
+std::pair<bool, std::string> query_cuda_support() {
 #if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
-  return MPIX_Query_cuda_support() == 1 ? "Open MPI built with CUDA support, enabled at run time"
-                                        : "Open MPI built with CUDA support, but disabled at run time";
+  const bool on = MPIX_Query_cuda_support() == 1;
+  return {on, on ? "Open MPI built with CUDA support, enabled at run time"
+                 : "Open MPI built with CUDA support, but disabled at run time"};
 #elif defined(MPIX_CUDA_AWARE_SUPPORT)
-  return "this Open MPI was built without CUDA support";
+  return {false, "this Open MPI was built without CUDA support"};
 #elif defined(MPIX_GPU_SUPPORT_CUDA)
   int supported = 0;
   MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported);
-  return supported ? "MPICH with CUDA support" : "this MPICH has no CUDA support enabled";
+  return {supported != 0, supported ? "MPICH with CUDA support" : "this MPICH has no CUDA support enabled"};
 #else
-  return "this MPI library does not say whether it supports CUDA memory";
+  return {false, "this MPI library does not say whether it supports CUDA memory"};
 #endif
 }
+}  // namespace
 
 bool Comm::cuda_aware() const {
-#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
-  return MPIX_Query_cuda_support() == 1;
-#elif defined(MPIX_GPU_SUPPORT_CUDA)
-  int supported = 0;
-  MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &supported);
-  return supported != 0;
-#else
-  return false;
-#endif
+  return query_cuda_support().first;
+}
+std::string Comm::cuda_support() const {
+  return query_cuda_support().second;
 }
 
 void Comm::abort(const std::string& message, int code) const {
