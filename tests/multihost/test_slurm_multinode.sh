@@ -8,17 +8,10 @@
 # steps ran on both nodes and the 1- and 2-rank steps on one (the scripts pack ranks onto as few nodes as hold them).
 # Needs root and the Debian packages slurm-wlm munge iproute2 (scripts/setup.sh). Usage: $0 LBBSP SCRATCH
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=tests/cli/common.sh
-source "$here/../cli/common.sh"
-# shellcheck source=tests/slurm/minicluster.sh
-source "$here/../slurm/minicluster.sh"
+# shellcheck source=tests/slurm/preamble.sh
+source "$here/../slurm/preamble.sh"
 # shellcheck source=tests/multihost/netns_hosts.sh
 source "$here/netns_hosts.sh"
-SRC=${LBBSP_SOURCE_DIR:-$(cd "$here/../.." && pwd)}
-LBBSP=$(cd "$(dirname "$LBBSP")" && pwd)/$(basename "$LBBSP")
-[[ -x $LBBSP ]] || fail "lbbsp binary '$LBBSP' missing: build it first (cmake --build build)"
-# shellcheck source=tests/slurm/pick_python.sh
-source "$here/../slurm/pick_python.sh"
 # Each emulated host has its own /tmp, so what all of them read or write must live elsewhere: a checkout or
 # build under /tmp is staged (binary, scripts, scratch) into /var/tmp and the results copied back at the end.
 netns_stage_out_of_tmp
@@ -29,13 +22,8 @@ netns_hosts_check
 MC=$(mktemp -d /var/tmp/lbbsp-slurm.XXXXXX)
 cleanup() {
   local rc=$?
-  minicluster_stop || true
+  minicluster_teardown "$MC"
   netns_hosts_down
-  if [[ -d $MC ]]; then
-    mkdir -p "$SCRATCH/daemon-logs"
-    cp -r "$MC/log/." "$MC/slurm.conf" "$SCRATCH/daemon-logs/" 2>/dev/null || true
-    rm -rf "$MC"
-  fi
   netns_unstage
   ((rc == 0)) && echo "PASS ($SECONDS s)" || echo "FAILED (exit $rc) after $SECONDS s; logs in $OUT_SCRATCH" >&2
 }

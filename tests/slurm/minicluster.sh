@@ -6,6 +6,7 @@
 #   mc sbatch ... / mc squeue / mc scontrol ...  # client commands (on host 0 when the cluster is on emulated hosts)
 #   minicluster_wait JOBID SECONDS             # prints the job's final state
 #   minicluster_stop                           # idempotent; call it from an EXIT trap
+#   minicluster_teardown DIR                   # stop, keep the logs in $SCRATCH/daemon-logs, remove DIR
 # DIR: a fresh, short path (munge's socket lives there; ~100-byte limit), seen by every host (so not /tmp when the
 # hosts have their own /tmp). Root only (slurmd starts job steps as the submitting user). Nothing system-wide is
 # touched: own munge key and socket, state, spool and logs under DIR, config in DIR/slurm.conf (exported as
@@ -225,6 +226,16 @@ mc_job_pids() {
       echo "$pid"
   done
   return 0
+}
+
+# minicluster_teardown DIR: minicluster_stop, then keeps the daemons' logs and slurm.conf in $SCRATCH/daemon-logs
+# and removes DIR (the folder given to minicluster_start*): for the tests' EXIT traps.
+minicluster_teardown() {
+  minicluster_stop || true
+  [[ -d $1 ]] || return 0
+  mkdir -p "$SCRATCH/daemon-logs"
+  cp -r "$1/log/." "$1/slurm.conf" "$SCRATCH/daemon-logs/" 2>/dev/null || true
+  rm -rf "$1"
 }
 
 minicluster_stop() {
