@@ -307,6 +307,24 @@ def decomposition(run_dir):
     return float(comp.max(1).mean()), float((1 / cap.min(1)).mean() / (R / cap.sum(1)).mean())
 
 
+# Final test accuracy at or below this is chance level for the driver's 10-class datasets (Fashion-MNIST, synth).
+CHANCE_ACCURACY = 0.15
+
+
+def collapsed(summary):
+    """A run whose training diverged to chance accuracy (e.g. lr 0.2 at global batch >= 1024): its iteration
+    times stay valid, its accuracy columns do not."""
+    acc = summary.get("test_accuracy")
+    return acc is not None and acc <= CHANCE_ACCURACY
+
+
+def accuracy_cell(row):
+    cell = fmt(row.get("test_accuracy"), ".4f")
+    if row.get("collapsed"):
+        cell += f" ({row['collapsed']} of {row['n']} collapsed)" if row["n"] > 1 else " (collapsed)"
+    return cell
+
+
 def aggregate(scenario, runs_by_balancer, target2=None):
     """runs_by_balancer: name -> [summary, ...] (repeats). Returns table rows with derived columns."""
     rows = []
@@ -330,6 +348,7 @@ def aggregate(scenario, runs_by_balancer, target2=None):
                      "target_accuracy": runs[0].get("target_accuracy"),
                      "time_to_target2_s": float(np.mean(low_ok)) if low_ok and len(low_ok) == len(low) else None,
                      "test_accuracy": float(np.mean([r["test_accuracy"] for r in runs])),
+                     "collapsed": sum(collapsed(r) for r in runs),
                      # what no balancer removes: iteration time beyond the slowest rank's compute (allreduce,
                      # SGD step, balancer, data gather), and the capacity ceiling of the runs' traces
                      "fixed_s": float(np.mean(it)) - float(np.mean(comp)) if comp else None,
@@ -349,7 +368,7 @@ def fmt(v, spec, suffix=""):
 def write_tables(a, cfg, rows, scen_specs, commands):
     cols = ["scenario", "balancer", "n", "mean_iteration_s", "iter_min", "iter_max", "wait_fraction",
             "efficiency_vs_oracle", "speedup_vs_bsp", "time_to_target_s", "time_to_target2_s", "test_accuracy",
-            "fixed_s", "ideal_speedup"]
+            "fixed_s", "ideal_speedup", "collapsed"]
     with open(os.path.join(a.out, "results.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols)
@@ -384,7 +403,7 @@ def write_tables(a, cfg, rows, scen_specs, commands):
         lines.append(f"| {r['scenario']} | {r['balancer']} | {r['mean_iteration_s']*1000:.1f} ms{rng} | "
                      f"{fmt(r.get('wait_fraction') and 100*r['wait_fraction'], '.1f', '%')} | "
                      f"{fmt(r.get('efficiency_vs_oracle'), '.3f')} | {fmt(r.get('speedup_vs_bsp'), '.2f', 'x')} | "
-                     f"{tta} | {tta2} | {fmt(r.get('test_accuracy'), '.4f')} | "
+                     f"{tta} | {tta2} | {accuracy_cell(r)} | "
                      f"{fmt(r.get('fixed_s') and 1000 * r['fixed_s'], '.1f', ' ms')} | "
                      f"{fmt(r.get('ideal_speedup'), '.2f', 'x')} |")
     lines += ["", "fixed: mean iteration time beyond the slowest rank's compute (allreduce, SGD step, balancer), which no "
@@ -392,6 +411,10 @@ def write_tables(a, cfg, rows, scen_specs, commands):
               "run saw (telemetry), the speed-up of a perfect split over an equal one with compute linear in the "
               "batch and no fixed cost: the ceiling for that scenario and window (stress: the share model).",
               "gpu-sim rows: `lbbsp simulate --profile gpu` (simulated seconds; no training, so no accuracy).",
+              f"collapsed: a run ended at chance accuracy (<= {CHANCE_ACCURACY}): training diverged at this lr; every "
+              "split follows the same SGD trajectory only up to float summation order, which momentum can amplify "
+              "into a different outcome, so one balancer's run may collapse where another's does not. Its time "
+              "columns stay valid, its accuracy columns do not; rerun with a lower --lr.",
               "pytorch-ddp: scripts/peers/pytorch_ddp.py, equal split (DDP cannot rebalance), same sleep-by-capacity "
               "emulation; its efficiency/speed-up columns compare against lbbsp's oracle/BSP rows.", "",
               "## Commands", "", "```"] + commands + ["```", "", "Plots: " + ", ".join(
@@ -638,7 +661,8 @@ def main():
                 if s:
                     log(f"[{time.time() - t0:6.0f} s] {scenario:8s} {b:16s} iter {s['mean_iteration_s']*1000:7.1f} ms"
                         f"  wait {100*s['wait_fraction']:5.1f}%  tta {s.get('time_to_target_s')}"
-                        f"  acc {s['test_accuracy']:.4f}")
+                        f"  acc {s['test_accuracy']:.4f}" +
+                        ("  COLLAPSED to chance accuracy (lower --lr)" if collapsed(s) else ""))
                 if rep == 0:
                     commands.append(open(os.path.join(a.out, "runs", scenario, f"{b.replace('/', '_')}-r0",
                                                       "command.txt")).read().strip())

@@ -33,6 +33,27 @@ for b in rows:
 print("ok: smoke experiment numbers are sane")
 PY
 
+# A run that ended at chance accuracy is flagged as collapsed (its accuracy columns are not comparable): edit one
+# run's summary to chance accuracy and rebuild the tables from the runs.
+grep -q "collapsed)" "$SCRATCH/out/results.md" && fail "a smoke run was flagged as collapsed before the edit"
+$PY - "$SCRATCH/out/runs/static/bsp-r0/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["test_accuracy"] = 0.1
+json.dump(s, open(sys.argv[1], "w"))
+PY
+timeout 60 $PY "$ROOT/scripts/experiment.py" --smoke --rebuild --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
+  --out "$SCRATCH/out" >"$SCRATCH/log-rebuild.txt" 2>&1 || { cat "$SCRATCH/log-rebuild.txt"; fail "--rebuild failed"; }
+grep -q "| static | bsp | .* | 0.1000 (collapsed) |" "$SCRATCH/out/results.md" ||
+  { cat "$SCRATCH/out/results.md"; fail "the collapsed bsp run is not flagged in results.md"; }
+[[ $(grep -c "(collapsed)" "$SCRATCH/out/results.md") -eq 1 ]] || fail "runs other than bsp flagged as collapsed"
+$PY - "$SCRATCH/out/results.csv" <<'PY'
+import csv, sys
+rows = {r["balancer"]: r for r in csv.DictReader(open(sys.argv[1]))}
+assert rows["bsp"]["collapsed"] == "1" and rows["oracle"]["collapsed"] == "0", rows
+PY
+echo "ok: a run at chance accuracy is flagged as collapsed"
+
 # A run that fails makes the whole experiment fail, naming the run and its error (a wrapper fails oracle's ranks).
 cat >"$SCRATCH/lbbsp_failing_oracle" <<EOF
 #!/usr/bin/env bash
