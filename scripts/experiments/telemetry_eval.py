@@ -15,12 +15,17 @@ Settings (each run over every trace in --traces x every seed in --seeds, stress 
           compute's noise on the shared cores)
   stress  real stress-ng co-tenants on ranks 1 and 3 switching on and off every PERIOD s (exogenous inputs from
           /proc); only with --stress. All 4 ranks share both cores, so the co-tenants slow every rank.
+  *-tick  with --tick S: the same trace settings replayed by iteration (the replay clock advances S s per
+          iteration), so the cpu_avail measured at the barrier is exactly the coming iteration's capacity: the
+          upper end of what the exogenous input is worth (wall-clock replay moves on between the barrier and the
+          iteration's start, and a trace step changing in that gap is missed)
   pinned  ranks pinned 0,0,1,1 to the 2 CPUs, two 100% stress-ng co-tenants on CPU 1 switching on and off every
           PERIOD s, global batch 4096 (the experiment driver's stress scenario): only ranks 2 and 3 slow down, and
           their cpu_avail (measured on the CPU they are pinned to) shows it; only with --stress
 
 usage: scripts/experiments/telemetry_eval.py [--lbbsp build/lbbsp] [--out DIR] [--iterations 400]
-           [--traces A,B,C] [--seeds 1,2] [--scale 0.5] [--settings heavy,linear,sleep] [--stress] [--per-run]
+           [--traces A,B,C] [--seeds 1,2] [--scale 0.5] [--settings heavy,linear,sleep] [--tick S] [--stress]
+           [--per-run]
        scripts/experiments/telemetry_eval.py --eval-only DIR   (re-score runs already recorded in DIR/runs)
 Needs mpirun (Open MPI), and stress-ng for --stress. About 30 s per run on a 2-core machine.
 """
@@ -36,6 +41,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREDICTORS = ["narx", "arima", "ema", "last"]
 ORDER = ["heavy", "linear", "sleep", "stress", "pinned"]
+
+
+def setting_of(run_name):
+    """The setting a recorded run belongs to, from its folder name: heavy-alibaba-s1 -> heavy,
+    heavy-tick-alibaba-s1 -> heavy-tick, stress-p1 -> stress."""
+    return run_name.rsplit("-", 2)[0]
 
 
 def run(cmd, log=None):
@@ -114,6 +125,8 @@ def main():
     ap.add_argument("--seeds", default="1,2")
     ap.add_argument("--scale", type=float, default=0.5, help="seconds of training per trace step")
     ap.add_argument("--settings", default="heavy,linear,sleep")
+    ap.add_argument("--tick", type=float, default=0.0,
+                    help="replay the trace settings by iteration, S s per iteration (settings named SETTING-tick)")
     ap.add_argument("--stress", action="store_true", help="also real stress-ng co-tenants")
     ap.add_argument("--periods", default="1,2", help="stress on/off periods (s), one run each")
     ap.add_argument("--per-run", action="store_true", help="also one table row per run")
@@ -130,7 +143,7 @@ def main():
     if a.eval_only:
         for name in sorted(os.listdir(runs_dir)):
             if os.path.exists(os.path.join(runs_dir, name, "telemetry.h5")):
-                runs.append((name.split("-")[0], name, os.path.join(runs_dir, name)))
+                runs.append((setting_of(name), name, os.path.join(runs_dir, name)))
     else:
         if not os.path.exists(a.data):
             os.makedirs(os.path.dirname(a.data), exist_ok=True)
@@ -145,13 +158,14 @@ def main():
             if setting not in costs:
                 sys.exit(f"telemetry_eval: unknown setting '{setting}' (linear, heavy, sleep; --stress adds "
                          "stress)")
-            cost = costs[setting]
+            cost = costs[setting] + (f";tick={a.tick:g}" if a.tick > 0 else "")
+            label = setting + ("-tick" if a.tick > 0 else "")
             for t in traces:
                 family = os.path.basename(os.path.normpath(t)).split("_")[0]
                 for seed in [int(s) for s in a.seeds.split(",") if s]:
-                    name = f"{setting}-{family}-s{seed}"
+                    name = f"{label}-{family}-s{seed}"
                     spec = f"trace:{t};scale={a.scale:g};seed={seed}{cost}"
-                    runs.append((setting, name, record(a, name, spec, seed, runs_dir)))
+                    runs.append((label, name, record(a, name, spec, seed, runs_dir)))
         if a.stress:
             for period in [p for p in a.periods.split(",") if p]:
                 name = f"stress-p{period}"
@@ -170,7 +184,11 @@ def main():
         lines.append(f"| {label} | {count} | {steps} | {r['narx']:.4g} | {r['arima']:.4g} | {r['ema']:.4g} | "
                      f"{r['last']:.4g} | **{r['narx'] / r['ema']:.3f}** | **{r['narx'] / r['arima']:.3f}** |")
 
-    for setting in sorted({s for s, _, _ in scored}, key=lambda s: ORDER.index(s) if s in ORDER else 9):
+    def order(s):
+        base = s.removesuffix("-tick")
+        return (ORDER.index(base) if base in ORDER else 9, s != base)
+
+    for setting in sorted({s for s, _, _ in scored}, key=order):
         group = [sc for s, _, sc in scored if s == setting]
         row(setting, len(group), group)
         if a.per_run:

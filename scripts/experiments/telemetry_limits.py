@@ -20,6 +20,8 @@ import sys
 import h5py
 import numpy as np
 
+from telemetry_eval import setting_of  # the same setting names as the table (b) script
+
 ALPHA = 0.3  # EMA of lbbsp's `ema` predictor
 
 
@@ -70,7 +72,7 @@ def main():
         if not os.path.exists(path):
             continue
         for rank, s in series(path):
-            groups.setdefault(name.split("-")[0], []).append((name, rank, one(s)))
+            groups.setdefault(setting_of(name), []).append((name, rank, one(s)))
     if not groups:
         sys.exit(f"telemetry_limits: no runs/*/telemetry.h5 under '{a.dir}'")
     print("| setting / run | series | steps | hindsight OLS RMSE / EMA RMSE | corr(cpu_t, s_t+1) | corr(s_t, s_t+1) |")
