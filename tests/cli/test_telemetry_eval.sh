@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# scripts/experiments/telemetry_eval.py end to end on a tiny recording: a trace of this test's own (capacity steps
+# every 0.5 s of replay), replayed by iteration (--tick) under the heavy setting, 4 ranks, 60 iterations; the
+# predictors are scored on the run's telemetry (table b) and telemetry_limits.py reads the same folder. Then
+# --eval-only re-scores the recorded run to the same table.
+source "$(dirname "$0")/common.sh"
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PY=/usr/bin/python3
+[[ -x $PY ]] || PY=python3
+$PY -c "import numpy, h5py" 2>/dev/null || fail "needs numpy and h5py for $PY (scripts/setup.sh installs them)"
+
+"$LBBSP" data synth --samples 4096 --features 784 --classes 10 --seed 1 --out "$SCRATCH/synth.h5" >/dev/null
+mkdir -p "$SCRATCH/traces/steps_test"
+$PY - "$SCRATCH/traces/steps_test/steps.csv" <<'PY'
+import sys
+with open(sys.argv[1], "w") as f:
+    f.write("time_s,capacity\n")
+    for i in range(400):
+        f.write(f"{i * 0.5},{(0.3, 1.0, 0.6, 0.8)[(i * 7 + i // 3) % 4]}\n")
+PY
+timeout 240 $PY "$ROOT/scripts/experiments/telemetry_eval.py" --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
+  --traces "$SCRATCH/traces/steps_test" --seeds 1 --settings heavy --tick 0.1 --iterations 60 \
+  --out "$SCRATCH/te" >"$SCRATCH/log.txt" 2>&1 || { cat "$SCRATCH/log.txt"; fail "telemetry_eval.py failed"; }
+[[ -s $SCRATCH/te/runs/heavy-tick-steps-s1/telemetry.h5 ]] || fail "no telemetry recorded under runs/heavy-tick-steps-s1"
+grep -q "tick=0.1" "$SCRATCH/te/runs/heavy-tick-steps-s1/command.txt" || fail "--tick did not reach --straggle"
+
+$PY - "$SCRATCH/te/table_b.md" <<'PY'
+import sys
+rows = [l for l in open(sys.argv[1]) if l.startswith("| heavy-tick |")]
+assert len(rows) == 1, open(sys.argv[1]).read()
+cells = [c.strip().strip("*") for c in rows[0].strip().strip("|").split("|")]
+runs, steps = int(cells[1]), int(cells[2])
+narx, arima, ema, last, vs_ema, vs_arima = map(float, cells[3:9])
+assert runs == 1 and steps > 4 * 40, cells
+assert min(narx, arima, ema, last) > 0, cells
+assert abs(vs_ema - narx / ema) < 0.01 and abs(vs_arima - narx / arima) < 0.01, cells
+print("ok: table (b) row", cells)
+PY
+
+cp "$SCRATCH/te/table_b.md" "$SCRATCH/table_first.md"
+$PY "$ROOT/scripts/experiments/telemetry_eval.py" --lbbsp "$LBBSP" --eval-only "$SCRATCH/te" >/dev/null 2>&1 ||
+  fail "--eval-only failed"
+cmp -s "$SCRATCH/te/table_b.md" "$SCRATCH/table_first.md" || fail "--eval-only scored the run differently"
+
+$PY "$ROOT/scripts/experiments/telemetry_limits.py" "$SCRATCH/te" >"$SCRATCH/limits.md" 2>/dev/null ||
+  fail "telemetry_limits.py failed"
+grep -q "^| heavy-tick | 4 |" "$SCRATCH/limits.md" || { cat "$SCRATCH/limits.md"; fail "no heavy-tick row of 4 series"; }
+echo "ok: telemetry_eval.py --tick, --eval-only and telemetry_limits.py agree on the recorded run"
