@@ -523,18 +523,53 @@ def summary_plot(a, rows):
     plt.close(fig)
 
 
-def trace_ceiling(path, ranks_list, window_s, rate, windows, seed):
-    """Ideal speed-up of a perfect split over an equal one (compute linear in the batch, no fixed cost) on the
-    Alibaba machine_usage trace, over `windows` random replay windows of `window_s` training seconds at `rate`
-    trace seconds per second: co-located (ranks on distinct machines at one moment, align=time) vs independent
-    (each rank its own machine and moment). Capacity = 1 - CPU util, clamped to [0.05, 1], as the replay does."""
+CEILING_TRACES = {"alibaba": os.path.join("alibaba_v2018_machine_usage", "machine_usage.csv.gz"),
+                  "bitbrains": "bitbrains_rnd", "planetlab": "planetlab_cloudsim"}
+
+
+def utilisation_series(path):
+    """{series: array of (time s, CPU util %)} from an Alibaba machine_usage file ("m_ID,time,cpu%,..."), or from
+    a folder (searched recursively) of Bitbrains VM files ("Timestamp [ms];..." header, Unix seconds, CPU usage %
+    in the fifth column) or PlanetLab VM files (one CPU % per line every 300 s, all from the same day)."""
+    import glob
     import gzip
+
+    def read(f):
+        return gzip.open(f, "rt") if f.endswith(".gz") else open(f)
+
     rows = {}
-    with gzip.open(path, "rt") as f:
-        for line in f:
-            p = line.split(",")
-            rows.setdefault(p[0], []).append((float(p[1]), float(p[2])))
-    ser = {m: np.array(sorted(v)) for m, v in rows.items()}
+    try:
+        if os.path.isfile(path):
+            with read(path) as f:
+                for line in f:
+                    p = line.split(",")
+                    rows.setdefault(p[0], []).append((float(p[1]), float(p[2])))
+        else:
+            for f in sorted(glob.glob(os.path.join(path, "**", "*"), recursive=True)):
+                if not os.path.isfile(f) or os.path.basename(f) in ("README.md", "MANIFEST.tsv"):
+                    continue
+                with read(f) as h:
+                    lines = [line for line in h if line.strip()]
+                if lines and lines[0].startswith("Timestamp"):
+                    rows[f] = [(float(p[0]), float(p[4])) for p in (line.split(";") for line in lines[1:])]
+                else:
+                    rows[f] = [(300.0 * i, float(v)) for i, v in enumerate(lines)]
+    except (OSError, ValueError, IndexError) as e:
+        sys.exit(f"experiment.py: cannot read utilisation trace '{path}': {e} (expected Alibaba machine_usage, "
+                 "Bitbrains or PlanetLab files)")
+    ser = {m: np.array(sorted(v)) for m, v in rows.items() if v}
+    if not ser:
+        sys.exit(f"experiment.py: no utilisation series in '{path}'")
+    return ser
+
+
+def trace_ceiling(path, ranks_list, window_s, rate, windows, seed):
+    """Ideal speed-up of a perfect split over an equal one (compute linear in the batch, no fixed cost) on a CPU
+    utilisation trace (utilisation_series), over `windows` random replay windows of `window_s` training seconds at
+    `rate` trace seconds per second: co-located (ranks on distinct machines at one moment, align=time) vs
+    independent (each rank its own machine and moment). Capacity = 1 - CPU util, clamped to [0.05, 1], as the
+    replay does. Where fewer series than ranks cover a window, ranks share them in turn (as align=time does)."""
+    ser = utilisation_series(path)
     span = window_s * rate
     ts = np.arange(0.0, span, 2.0 * rate / 15)  # one point per ~iteration (15 iterations per 2 s)
     rng = np.random.default_rng(seed)
@@ -557,13 +592,19 @@ def trace_ceiling(path, ranks_list, window_s, rate, windows, seed):
         for _ in range(windows):
             t0 = rng.uniform(lo, hi - span)
             cover = [m for m, v in ser.items() if v[0, 0] <= t0 and v[-1, 0] >= t0 + span]
-            ms = rng.choice(sorted(cover), min(R, len(cover)), replace=False)
+            if not cover:
+                continue
+            # Fewer covering series than ranks: ranks share them in turn, as the replay's align=time does.
+            ms = np.resize(rng.choice(sorted(cover), min(R, len(cover)), replace=False), R)
             res["co-located (align=time)"].append(ideal(np.array([caps(m, t0) for m in ms]).T))
-            ms = rng.choice(sorted(ser), min(R, len(ser)), replace=False)
+            ms = np.resize(rng.choice(sorted(ser), min(R, len(ser)), replace=False), R)
             res["independent (align=random)"].append(ideal(np.array(
                 [caps(m, rng.uniform(ser[m][0, 0], max(ser[m][0, 0], ser[m][-1, 0] - span))) for m in ms]).T))
         for k, v in res.items():
             v = np.array(v)
+            if not len(v):
+                lines.append(f"| {R} | {k} | no window is covered by any series |  |  |  |  |")
+                continue
             lines.append(f"| {R} | {k} | {v.mean():.2f}x | {np.median(v):.2f}x | {np.percentile(v, 25):.2f}x | "
                          f"{np.percentile(v, 75):.2f}x | {np.mean(v >= 1.4):.0%} |")
     return "\n".join(lines)
@@ -612,13 +653,19 @@ def main():
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--run-timeout", type=float, default=900)
     ap.add_argument("--trace-ceiling", action="store_true",
-                    help="no runs: print the ideal speed-up over BSP that the Alibaba trace allows (random windows, "
-                         "co-located vs independent placement, --ceiling-ranks) and exit")
+                    help="no runs: print the ideal speed-up over BSP that a utilisation trace allows (random "
+                         "windows, co-located vs independent placement, --ceiling-ranks) and exit")
+    ap.add_argument("--ceiling-trace", default="alibaba",
+                    help="alibaba, bitbrains, planetlab (from ../shared/traces) or a path to such a file or folder")
     ap.add_argument("--ceiling-ranks", default="4,8,16")
     ap.add_argument("--ceiling-window", type=float, default=40.0, help="training seconds per window")
     a = ap.parse_args()
     if a.trace_ceiling:
-        print(trace_ceiling(os.path.join(TRACES, "alibaba_v2018_machine_usage", "machine_usage.csv.gz"),
+        path = (os.path.join(TRACES, CEILING_TRACES[a.ceiling_trace]) if a.ceiling_trace in CEILING_TRACES
+                else a.ceiling_trace)
+        if not os.path.exists(path):
+            sys.exit(f"experiment.py: no trace '{path}' (--ceiling-trace: {', '.join(CEILING_TRACES)} or a path)")
+        print(trace_ceiling(path,
                             [int(x) for x in a.ceiling_ranks.split(",")], a.ceiling_window,
                             a.trace_rate if a.trace_rate > 0 else 60.0 / a.trace_scale, 2000, a.trace_seed))
         return

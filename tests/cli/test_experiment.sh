@@ -68,3 +68,36 @@ timeout 120 $PY "$ROOT/scripts/experiment.py" --smoke --balancers bsp,oracle --l
 grep -q "1 run(s) failed" "$SCRATCH/log-fail.txt" && grep -q "static/oracle r0: lbbsp: rank 0: error: injected" \
   "$SCRATCH/log-fail.txt" || { cat "$SCRATCH/log-fail.txt"; fail "the failed run is not named"; }
 echo "ok: a failed run fails the experiment and is named"
+
+# --trace-ceiling reads every utilisation format it names, on traces with a known answer: capacities 1, 0.5, 0.25, 1
+# (PlanetLab) give a perfect split over an equal one 4 / (4 / 2.75) = 2.75x; equal utilisation (Bitbrains, other
+# columns varying) 1.00x; capacities 1, 1, 0.5, 0.5 (Alibaba) 1.50x.
+CT=$SCRATCH/ceiling
+mkdir -p "$CT/planetlab/day" "$CT/bitbrains/month"
+for u in 0 50 75 0; do
+  seq 288 | sed "s/.*/$u/" >"$CT/planetlab/day/vm$u-$RANDOM"
+done
+for vm in 1 2 3 4; do
+  {
+    echo "Timestamp [ms];	CPU cores;	CPU capacity provisioned [MHZ];	CPU usage [MHZ];	CPU usage [%];	Memory"
+    for i in $(seq 0 400); do echo "$((1372629600 + 300 * i));	4;	11704;	$((i * vm % 97));	50.0;	1"; done
+  } | gzip >"$CT/bitbrains/month/$vm.csv.gz"
+done
+for m in 1 2 3 4; do
+  for i in $(seq 0 600); do echo "m_$m,$((60 * i)),$(((m - 1) / 2 * 50)),40,,,1,1,1"; done
+done | gzip >"$CT/alibaba.csv.gz"
+check_ceiling() {  # PATH EXPECTED_MEDIAN
+  local out
+  out=$($PY "$ROOT/scripts/experiment.py" --trace-ceiling --ceiling-trace "$1" --ceiling-ranks 4 2>&1) ||
+    fail "--trace-ceiling on $1 failed: $out"
+  grep -q "^| 4 | co-located (align=time) | $2 | $2 |" <<<"$out" || fail "$1: expected median $2, got: $out"
+  grep -q "^| 4 | independent (align=random) | $2 | $2 |" <<<"$out" || fail "$1: expected $2 independent: $out"
+}
+check_ceiling "$CT/planetlab" 2.75x
+check_ceiling "$CT/bitbrains" 1.00x
+check_ceiling "$CT/alibaba.csv.gz" 1.50x
+expect_fail "no trace '/nonexistent/trace'" $PY "$ROOT/scripts/experiment.py" --trace-ceiling --ceiling-trace /nonexistent/trace
+echo "not a number" >"$CT/planetlab/day/broken"
+expect_fail "cannot read utilisation trace .*could not convert" \
+  $PY "$ROOT/scripts/experiment.py" --trace-ceiling --ceiling-trace "$CT/planetlab"
+echo "ok: --trace-ceiling on PlanetLab, Bitbrains and Alibaba formats"
