@@ -74,8 +74,9 @@ echo "ok: a failed run fails the experiment and is named"
 # columns varying) 1.00x; capacities 1, 1, 0.5, 0.5 (Alibaba) 1.50x.
 CT=$SCRATCH/ceiling
 mkdir -p "$CT/planetlab/day" "$CT/bitbrains/month"
-for u in 0 50 75 0; do
-  seq 288 | sed "s/.*/$u/" >"$CT/planetlab/day/vm$u-$RANDOM"
+for vm_u in 1:0 2:50 3:75 4:0; do
+  u=${vm_u#*:}
+  seq 288 | sed "s/.*/$u/" >"$CT/planetlab/day/vm${vm_u%%:*}"
 done
 for vm in 1 2 3 4; do
   {
