@@ -290,10 +290,15 @@ def time_to(summary, threshold):
     return None
 
 
+def ideal_speedup(cap):
+    """Speed-up of a perfect split over an equal one for capacities cap[t, i] (iteration t, rank i), compute linear
+    in the batch and no fixed cost: mean_t(max_i 1/c_i) / mean_t(R / sum_i c_i), the ceiling of any balancer."""
+    return float((1 / cap.min(1)).mean() / (cap.shape[1] / cap.sum(1)).mean())
+
+
 def decomposition(run_dir):
-    """From a run's telemetry: the mean slowest compute per iteration (s), and the ideal speed-up of a perfect
-    split over an equal one for the capacities this run saw, mean_t(max_i 1/c_i) / mean_t(R / sum_i c_i) (compute
-    linear in the batch, no fixed costs: the ceiling of any balancer on those capacities). None if absent."""
+    """From a run's telemetry: the mean slowest compute per iteration (s), and the ideal_speedup of the capacities
+    this run saw. None if absent."""
     try:
         r = telemetry(run_dir)
     except (OSError, KeyError):
@@ -304,7 +309,7 @@ def decomposition(run_dir):
     cap = np.ones((n, R))
     comp[it, rank] = r["compute_s"]
     cap[it, rank] = np.clip(r["capacity"], 1e-3, None)
-    return float(comp.max(1).mean()), float((1 / cap.min(1)).mean() / (R / cap.sum(1)).mean())
+    return float(comp.max(1).mean()), ideal_speedup(cap)
 
 
 # Final test accuracy at or below this is chance level for the driver's 10-class datasets (Fashion-MNIST, synth).
@@ -579,9 +584,6 @@ def trace_ceiling(path, ranks_list, window_s, rate, windows, seed):
         i = np.clip(np.searchsorted(t, start + ts, side="right") - 1, 0, len(t) - 1)
         return np.clip(1 - u[i] / 100, 0.05, 1)
 
-    def ideal(c):
-        return (1 / c.min(1)).mean() / (c.shape[1] / c.sum(1)).mean()
-
     lo = min(v[0, 0] for v in ser.values())
     hi = max(v[-1, 0] for v in ser.values())
     lines = [f"Ideal speed-up over BSP on {os.path.basename(path)}: {windows} random windows of {window_s:.0f} s "
@@ -596,9 +598,9 @@ def trace_ceiling(path, ranks_list, window_s, rate, windows, seed):
                 continue
             # Fewer covering series than ranks: ranks share them in turn, as the replay's align=time does.
             ms = np.resize(rng.choice(sorted(cover), min(R, len(cover)), replace=False), R)
-            res["co-located (align=time)"].append(ideal(np.array([caps(m, t0) for m in ms]).T))
+            res["co-located (align=time)"].append(ideal_speedup(np.array([caps(m, t0) for m in ms]).T))
             ms = np.resize(rng.choice(sorted(ser), min(R, len(ser)), replace=False), R)
-            res["independent (align=random)"].append(ideal(np.array(
+            res["independent (align=random)"].append(ideal_speedup(np.array(
                 [caps(m, rng.uniform(ser[m][0, 0], max(ser[m][0, 0], ser[m][-1, 0] - span))) for m in ms]).T))
         for k, v in res.items():
             v = np.array(v)
