@@ -65,6 +65,11 @@ Sgd::Sgd(size_t num_params, double momentum, double weight_decay)
 }
 
 void Sgd::step(float* params, const float* grad_sum, int64_t global_batch, double lr) {
+  step_range(params, velocity_.data(), grad_sum, velocity_.size(), global_batch, lr);
+}
+
+void Sgd::step_range(float* params, float* v, const float* grad_sum, size_t n, int64_t global_batch,
+                     double lr) const {
   if (global_batch <= 0)
     throw std::invalid_argument("Sgd::step: global batch must be positive, got " +
                                 std::to_string(global_batch));
@@ -72,8 +77,7 @@ void Sgd::step(float* params, const float* grad_sum, int64_t global_batch, doubl
   // split gives the same bits.
   const float inv_batch = float(1.0 / double(global_batch));
   const float wd = float(weight_decay_), mu = float(momentum_), rate = float(lr);
-  float* v = velocity_.data();
-  const int64_t count = int64_t(velocity_.size());
+  const int64_t count = int64_t(n);
 #pragma omp parallel for simd schedule(static) if (count > (1 << 16))
   for (int64_t i = 0; i < count; ++i) {
     const float g = grad_sum[i] * inv_batch + wd * params[i];

@@ -29,6 +29,10 @@ class Sgd {
   Sgd(size_t num_params, double momentum, double weight_decay);
   // w -= lr * (grad_sum / global_batch + wd * w), with momentum. Identical on every rank.
   void step(float* params, const float* grad_sum, int64_t global_batch, double lr);
+  // The same update on count elements with a velocity kept elsewhere (a share of parameters that live in
+  // memory shared by several ranks); bit for bit what step() does to those elements.
+  void step_range(float* params, float* velocity, const float* grad_sum, size_t count, int64_t global_batch,
+                  double lr) const;
   std::vector<float>& velocity() { return velocity_; }
   const std::vector<float>& velocity() const { return velocity_; }
 
