@@ -106,6 +106,81 @@ void Comm::abort(const std::string& message, int code) const {
   std::_Exit(code);
 }
 
+struct NodeWindow::Handles {
+  MPI_Win win = MPI_WIN_NULL;
+  MPI_Comm node = MPI_COMM_NULL;    // this node's ranks
+  MPI_Comm across = MPI_COMM_NULL;  // same node rank on every node (uniform), or the node leaders
+};
+
+NodeWindow::NodeWindow() : mpi_(std::make_unique<Handles>()) {}
+
+NodeWindow::~NodeWindow() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  if (mpi_->win != MPI_WIN_NULL) {
+    if (floats_ > 0) MPI_Win_unlock_all(mpi_->win);  // locked once made on every rank
+    MPI_Win_free(&mpi_->win);
+  }
+  if (mpi_->across != MPI_COMM_NULL) MPI_Comm_free(&mpi_->across);
+  if (mpi_->node != MPI_COMM_NULL) MPI_Comm_free(&mpi_->node);
+}
+
+void NodeWindow::sync() {
+  // The unified-memory idiom for shared windows: sync, barrier, sync.
+  LBBSP_MPI_CHECK(MPI_Win_sync(mpi_->win));
+  LBBSP_MPI_CHECK(MPI_Barrier(mpi_->node));
+  LBBSP_MPI_CHECK(MPI_Win_sync(mpi_->win));
+}
+
+void NodeWindow::sum_across_nodes(float* whole, size_t n, size_t lo, size_t hi) {
+  if (nodes_ == 1) return;
+  if (uniform_) {
+    if (hi > lo)
+      LBBSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, whole + lo, static_cast<int>(hi - lo), MPI_FLOAT, MPI_SUM,
+                                    mpi_->across));
+    return;
+  }
+  sync();  // every share of the node's sum is in place before the leader sends it all
+  if (rank_ == 0)
+    LBBSP_MPI_CHECK(
+        MPI_Allreduce(MPI_IN_PLACE, whole, static_cast<int>(n), MPI_FLOAT, MPI_SUM, mpi_->across));
+}
+
+std::unique_ptr<NodeWindow> Comm::node_window(size_t floats) {
+  std::unique_ptr<NodeWindow> w(new NodeWindow());
+  auto& h = *w->mpi_;
+  LBBSP_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &h.node));
+  MPI_Comm_rank(h.node, &w->rank_);
+  MPI_Comm_size(h.node, &w->size_);
+  // The window lives in the node's first rank's segment, so data() is one contiguous array.
+  const MPI_Aint bytes = w->rank_ == 0 ? static_cast<MPI_Aint>(floats * sizeof(float)) : 0;
+  float* mine = nullptr;
+  MPI_Comm_set_errhandler(h.node, MPI_ERRORS_RETURN);
+  int ok = MPI_Win_allocate_shared(bytes, sizeof(float), MPI_INFO_NULL, h.node, &mine, &h.win) == MPI_SUCCESS;
+  if (ok) {
+    MPI_Aint size = 0;
+    int unit = 0;
+    ok = MPI_Win_shared_query(h.win, 0, &size, &unit, &w->data_) == MPI_SUCCESS &&
+         size >= static_cast<MPI_Aint>(floats * sizeof(float));
+  }
+  LBBSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (!ok) return nullptr;  // the destructor frees what was made
+  w->floats_ = floats;
+  LBBSP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, h.win));
+
+  // Nodes and whether they all have as many ranks.
+  int leader = w->rank_ == 0, nodes = 0, min_size = w->size_, max_size = w->size_;
+  LBBSP_MPI_CHECK(MPI_Allreduce(&leader, &nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+  LBBSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &min_size, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  LBBSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &max_size, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  w->nodes_ = nodes;
+  w->uniform_ = min_size == max_size;
+  const int color = w->uniform_ ? w->rank_ : (leader ? 0 : MPI_UNDEFINED);
+  LBBSP_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, rank_, &h.across));
+  return w;
+}
+
 int launcher_rank() {
   for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
     if (const char* v = std::getenv(var)) return std::atoi(v);

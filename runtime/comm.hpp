@@ -1,10 +1,14 @@
 // Comm: the only class that talks MPI. Rank 0 coordinates; errors on any rank end the whole job.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace lbbsp::runtime {
+
+class NodeWindow;
 
 class Comm {
  public:
@@ -33,11 +37,47 @@ class Comm {
   bool cuda_aware() const;
   std::string cuda_support() const;
 
+  // Collective over all ranks: memory shared by the ranks of each node, `floats` floats per node. nullptr
+  // when the MPI library cannot make it on some rank (every rank then gets nullptr), so callers can fall
+  // back.
+  std::unique_ptr<NodeWindow> node_window(size_t floats);
+
   // Prints "lbbsp: rank R: error: MESSAGE" once and ends every rank of the job (MPI_Abort). Never returns.
   [[noreturn]] void abort(const std::string& message, int code = 1) const;
 
  private:
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+};
+
+// One node's shared memory (an MPI-3 shared window) and the collectives of a hierarchical reduction over it:
+// the ranks of a node sum their buffers in place, and only one sum per node crosses the network.
+class NodeWindow {
+ public:
+  ~NodeWindow();
+  NodeWindow(const NodeWindow&) = delete;
+  NodeWindow& operator=(const NodeWindow&) = delete;
+
+  float* data() const { return data_; }  // the same memory on every rank of this node
+  size_t floats() const { return floats_; }
+  int rank() const { return rank_; }  // within the node
+  int size() const { return size_; }
+  int nodes() const { return nodes_; }
+  // Barrier among this node's ranks; what each wrote to data() before is visible to all after.
+  void sync();
+  // Sums whole[0, n) over the nodes, each node holding its own sum there. [lo, hi) is this rank's share: when
+  // every node has as many ranks, the ranks with the same node rank reduce their shares in parallel; else the
+  // first rank of each node reduces it all. Call sync() after, before reading outside [lo, hi).
+  void sum_across_nodes(float* whole, size_t n, size_t lo, size_t hi);
+
+ private:
+  friend class Comm;
+  struct Handles;  // the MPI window and communicators (comm.cpp: this header stays free of mpi.h)
+  NodeWindow();
+  std::unique_ptr<Handles> mpi_;
+  float* data_ = nullptr;
+  size_t floats_ = 0;
+  int rank_ = 0, size_ = 1, nodes_ = 1;
+  bool uniform_ = true;
 };
 
 // Rank of this process as the launcher sees it, before MPI_Init (mpirun, srun, PMI); 0 when not launched so.
