@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <stdexcept>
 #include <utility>
 
@@ -117,7 +118,9 @@ NodeWindow::NodeWindow() : mpi_(std::make_unique<Handles>()) {}
 NodeWindow::~NodeWindow() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (finalized) return;
+  // Freeing is collective: while an error unwinds one rank the others are not coming, and the job is about to
+  // be aborted anyway.
+  if (finalized || std::uncaught_exceptions() > 0) return;
   if (mpi_->win != MPI_WIN_NULL) {
     if (floats_ > 0) MPI_Win_unlock_all(mpi_->win);  // locked once made on every rank
     MPI_Win_free(&mpi_->win);
