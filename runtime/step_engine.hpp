@@ -1,15 +1,24 @@
 // StepEngine: where a rank's parameters live and how one step's reduction buffer travels. The trainer's
 // buffer is [gradient sums P | E floats of loss, per-rank slots and batch sizes]; the engine fills the
-// gradient part, reduces the whole buffer over all ranks, and applies SGD, in one of three modes:
+// gradient part, reduces the whole buffer over all ranks, and applies SGD, in one of four modes:
 //   host                 parameters and SGD on the host (CPU models; or a CUDA model that copies parameters
-//   in
-//                        and the gradient out on every step: --gpu-params host)
+//                        in and the gradient out on every step: --gpu-params host); plain MPI_Allreduce
+//   host/node-shared     CPU models, several ranks per node (--allreduce node): the ranks of a node keep one
+//                        copy of the parameters and velocity in shared memory, sum their buffers there (each
+//                        rank a share, in rank order), reduce one sum per node over MPI, and each rank
+//                        applies SGD to its share: per node one SGD instead of one per rank, and a fraction
+//                        of the memory traffic of MPI_Allreduce between processes; released_at() says when
+//                        the node's ranks all left the step (straggler emulation starts modelled compute
+//                        there)
 //   device/staged        parameters, velocity and gradient stay on the GPU; only the gradient crosses to the
 //                        host for a plain MPI_Allreduce and back (2 copies of P floats per step)
 //   device/cuda-aware    the same, and MPI_Allreduce reduces the device buffer itself (MPI built with CUDA)
 #pragma once
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +36,8 @@ struct StepEngineConfig {
   std::string device = "cpu";          // cpu | cuda
   std::string gpu_params = "device";   // device | host (cuda only)
   std::string gpu_allreduce = "auto";  // auto | staged | cuda-aware (cuda with gpu_params device only)
+  // Host parameters: auto (node on a CPU run with several ranks on some node) | mpi | node.
+  std::string host_allreduce = "auto";
   double momentum = 0.9, weight_decay = 0.0;
   // The model's device-resident face (models::device_resident; nullptr for CPU models) and what the MPI
   // library says about GPU memory (Comm::cuda_aware / cuda_support). Given, not looked up, so tests can
@@ -36,7 +47,7 @@ struct StepEngineConfig {
   std::string mpi_cuda_support;
 };
 
-// Throws std::invalid_argument naming --gpu-params / --gpu-allreduce and the values they take.
+// Throws std::invalid_argument naming --gpu-params / --gpu-allreduce / --allreduce and the values they take.
 void check_step_engine_config(const StepEngineConfig& cfg);
 
 class StepEngine {
@@ -44,7 +55,7 @@ class StepEngine {
   // params (host mirror) and sgd belong to the trainer and outlive the engine; extra = E above.
   StepEngine(const StepEngineConfig& cfg, models::Model& model, std::vector<float>& params, models::Sgd& sgd,
              size_t extra, Comm& comm);
-  // "host", "device/staged" or "device/cuda-aware".
+  // "host", "host/node-shared", "device/staged" or "device/cuda-aware". Collective (all ranks construct it).
   const std::string& mode() const { return mode_; }
   // Gradient sums of this rank's n samples into buf[0, P) (buf zeroed by the caller).
   models::StepStats forward_backward(const float* x, const uint8_t* y, int n, float* buf);
@@ -54,9 +65,14 @@ class StepEngine {
   void sgd_step(const float* buf, int64_t global_batch, double lr);
   models::StepStats evaluate(const float* x, const uint8_t* y, int n);
   // Device -> host mirrors (params and sgd velocity), for checkpoints, checksums and saving; host -> device
-  // after the mirrors changed (resume). No-ops in host mode.
+  // after the mirrors changed (resume). No-ops in host mode; push is collective in host/node-shared mode.
   void pull_to_host();
   void push_to_device();
+  // host/node-shared: when the last rank of this node reached the barrier that ended the last sgd_step, i.e.
+  // when this node's ranks were all free to start the next step (steady_clock, shared by a node's processes).
+  // nullopt before the first step, after evaluate() or pull_to_host() (the ranks no longer start together),
+  // and in the other modes.
+  std::optional<std::chrono::steady_clock::time_point> released_at() const { return released_at_; }
 
  private:
   models::Model& model_;
@@ -64,8 +80,19 @@ class StepEngine {
   models::Sgd& sgd_;
   Comm& comm_;
   models::DeviceResident* resident_ = nullptr;
+  std::unique_ptr<NodeWindow> node_;  // host/node-shared: [rank buffers | sum | params | velocity]
+  size_t stride_ = 0;                 // floats per rank buffer in the window (cache-line multiple)
+  size_t lo_ = 0, hi_ = 0;            // this rank's share of the last reduction
+  std::optional<std::chrono::steady_clock::time_point> released_at_;
+  void start_host(const StepEngineConfig& cfg);
+  void allreduce_node(float* buf, size_t len);
+  float* shared_params() const;
+  float* shared_velocity() const;
+  float* shared_sum() const;
+  int64_t* arrivals() const;  // per node rank: steady_clock ticks at the last sgd_step's barrier
+  void share_of(size_t len, size_t* lo, size_t* hi) const;
   bool cuda_aware_ = false;
-  size_t P_ = 0;
+  size_t P_ = 0, extra_ = 0;
   std::string mode_ = "host";
 };
 

@@ -31,6 +31,12 @@ void add_train_command(CLI::App& app) {
        "memory) | cuda-aware")
       ->check(CLI::IsMember({"auto", "staged", "cuda-aware"}))
       ->capture_default_str();
+  t->add_option("--allreduce", c.allreduce,
+                "gradient reduction with parameters in host memory: node (the ranks of a node sum in shared "
+                "memory and keep one copy of the parameters; MPI between nodes) | mpi (MPI_Allreduce) | auto "
+                "(node for --device cpu when a node runs several ranks)")
+      ->check(CLI::IsMember({"auto", "mpi", "node"}))
+      ->capture_default_str();
   t->add_option("--hidden", c.hidden, "MLP hidden widths, e.g. 256,128")
       ->delimiter(',')
       ->capture_default_str();

@@ -472,6 +472,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   ec.device = cfg.device;
   ec.gpu_params = cfg.gpu_params;
   ec.gpu_allreduce = cfg.gpu_allreduce;
+  ec.host_allreduce = cfg.allreduce;
   ec.momentum = cfg.momentum;
   ec.weight_decay = cfg.weight_decay;
 #ifdef LBBSP_WITH_CUDA
@@ -544,8 +545,11 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     if (it == fault.iteration && me == fault.rank && fault.kind == "nan") stats.loss_sum = NAN;
     const double real_s = seconds_since(t_compute);
     const double target_s = straggler.emulated_seconds(me, replay_now, n, real_s);
-    Straggler::stretch_to(seconds_since(t_compute), target_s);
-    const double compute_s = seconds_since(t_compute);
+    // A modelled cost curve stands for a dedicated machine, which starts when the step does: when this node's
+    // ranks left the last one, not when an OS with more ranks than cores got round to this rank.
+    const auto t_start = straggler.gpu_profile() ? engine.released_at().value_or(t_compute) : t_compute;
+    Straggler::stretch_to(seconds_since(t_start), target_s);
+    const double compute_s = seconds_since(t_start);
     const auto metrics =
         straggler.metrics(me, straggler.replay_clock(seconds_since(t0), it + 1), monitor.sample());
 
@@ -580,7 +584,6 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
                                " at iteration " + std::to_string(it) + " (epoch " + std::to_string(epoch) +
                                "); lower --lr or check the data");
     }
-    engine.sgd_step(buf.data(), X, schedule.lr_at(it));
     epoch_loss += loss_sum;
     epoch_correct += static_cast<int64_t>(correct);
     epoch_samples += X;
@@ -623,6 +626,8 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     }
     if (cfg.lag == 0) comm.bcast(next_batch.data(), R);
     coord_s += seconds_since(t_coord);
+    // Last, so that in host/node-shared mode its barrier is the moment the node's ranks start the next step.
+    engine.sgd_step(buf.data(), X, schedule.lr_at(it));
     // The metric slots and lag-1 batch slots ride in the allreduce: charge their share of it as coordination.
     coord_s += ar_s * static_cast<double>(buf_len - P - 2) / static_cast<double>(buf_len);
 

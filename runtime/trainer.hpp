@@ -14,6 +14,7 @@ struct TrainConfig {
   std::string model = "mlp";
   std::string device = "cpu";          // cpu | cuda (one GPU per rank, chosen from the local rank)
   std::string gpu_params = "device";   // cuda: device (resident) | host (copied in and out every step)
+  std::string allreduce = "auto";      // host parameters: auto | mpi | node (runtime/step_engine.hpp)
   std::string gpu_allreduce = "auto";  // cuda resident: auto | staged | cuda-aware (runtime/step_engine.hpp)
   std::vector<int> hidden = {256, 128};
   int epochs = 1;

@@ -6,6 +6,8 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -96,10 +98,12 @@ struct RunResult {
   std::vector<float> params, velocity, tails;  // tails: the extra floats after each allreduce
   std::string mode;
   int gradient_copies = 0;
+  bool released_after_each_step = true;  // host/node-shared: released_at() within each sgd_step call
 };
 
 // 4 training steps through a StepEngine; the extra floats carry (rank + 1, step) and must come back summed.
-RunResult run(const std::string& gpu_params, const std::string& gpu_allreduce, bool mpi_cuda_aware) {
+RunResult run(const std::string& gpu_params, const std::string& gpu_allreduce, bool mpi_cuda_aware,
+              const std::string& host_allreduce = "mpi") {
   const models::ModelConfig cfg = mlp_config();
   auto model = models::make_model(cfg);
   const size_t P = model->num_params(), extra = 2;
@@ -111,6 +115,7 @@ RunResult run(const std::string& gpu_params, const std::string& gpu_allreduce, b
   ec.device = gpu_params.empty() ? "cpu" : "cuda";
   ec.gpu_params = gpu_params.empty() ? "device" : gpu_params;
   ec.gpu_allreduce = gpu_allreduce;
+  ec.host_allreduce = host_allreduce;
   ec.momentum = 0.9;
   ec.weight_decay = 1e-4;
   ec.resident = &resident;
@@ -129,7 +134,11 @@ RunResult run(const std::string& gpu_params, const std::string& gpu_allreduce, b
     buf[P + 1] = float(step);
     engine.allreduce(buf.data(), buf.size());
     out.tails.insert(out.tails.end(), buf.begin() + P, buf.end());
+    const auto before = std::chrono::steady_clock::now();
     engine.sgd_step(buf.data(), 32, 0.05);
+    const auto after = std::chrono::steady_clock::now();
+    const auto released = engine.released_at();
+    out.released_after_each_step &= released && *released >= before && *released <= after;
   }
   engine.pull_to_host();
   out.params = params;
@@ -173,6 +182,37 @@ TEST(StepEngine, EveryModeGivesTheSameTrajectory) {
   EXPECT_NE(host.params, init);
 }
 
+// Host/node-shared: the ranks of a node sum in shared memory in rank order and share one parameter copy. Same
+// trajectory as MPI_Allreduce up to float summation order (bit for bit with 1 or 2 ranks, where a + b is all
+// there is); the extra floats come back as exact sums.
+TEST(StepEngine, NodeSharedModeGivesTheSameTrajectory) {
+  const RunResult mpi = run("", "auto", false, "mpi");
+  const RunResult node = run("", "auto", false, "node");
+  EXPECT_EQ(mpi.mode, "host");
+  EXPECT_EQ(node.mode, "host/node-shared");
+  EXPECT_EQ(node.tails, mpi.tails);
+  ASSERT_EQ(node.params.size(), mpi.params.size());
+  if (comm().size() <= 2) {
+    EXPECT_EQ(node.params, mpi.params);
+    EXPECT_EQ(node.velocity, mpi.velocity);
+  }
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < mpi.params.size(); ++i) {
+    diff = std::max(diff, double(std::fabs(node.params[i] - mpi.params[i])));
+    norm = std::max(norm, double(std::fabs(mpi.params[i])));
+  }
+  EXPECT_LE(diff, 1e-5 * norm);
+  // Every rank got the node's release moment from each step's barrier: within its own sgd_step call.
+  EXPECT_TRUE(node.released_after_each_step);
+  EXPECT_FALSE(mpi.released_after_each_step);  // plain MPI has no such moment
+  // auto takes the node mode for a CPU model exactly when some node runs several ranks.
+  const bool shared = comm().size() > 1;  // the MPI tests start all ranks on this one machine
+  EXPECT_EQ(run("", "auto", false, "auto").mode, shared ? "host/node-shared" : "host");
+  // A CUDA model with host parameters keeps plain MPI unless asked.
+  EXPECT_EQ(run("host", "auto", false, "auto").mode, "host");
+  EXPECT_EQ(run("host", "auto", false, "node").mode, "host/node-shared");
+}
+
 // Staged copies the gradient out and back every step; cuda-aware never moves it.
 TEST(StepEngine, OnlyTheStagedModeCopiesTheGradient) {
   EXPECT_EQ(run("device", "staged", false).gradient_copies, 2 * 4);
@@ -190,6 +230,13 @@ TEST(StepEngine, RefusesWhatCannotWork) {
   EXPECT_THROW(run("host", "cuda-aware", true), std::invalid_argument);
   EXPECT_THROW(run("gpu", "auto", true), std::invalid_argument);
   EXPECT_THROW(run("device", "nccl", true), std::invalid_argument);
+  EXPECT_THROW(run("", "auto", false, "nccl"), std::invalid_argument);
+  try {
+    run("device", "auto", false, "node");
+    FAIL() << "--allreduce node with parameters on the GPU must be refused";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--gpu-params host"), std::string::npos) << e.what();
+  }
   // A cuda device without a resident face is a programming error.
   auto model = models::make_model(mlp_config());
   std::vector<float> params(model->num_params());
