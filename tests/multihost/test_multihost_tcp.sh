@@ -67,10 +67,10 @@ EOF
 chmod +x "$agent"
 # rtc_hwloc_vmhole=none: Debian's Open MPI 4.1 orted sometimes segfaults in hwloc_shmem_topology_write when
 # started through the rsh launcher; the shared topology segment is an optimisation only.
-mh_mpirun() { # mh_mpirun SECONDS ARGS...: mpirun from host 0 over the test network, one rank per host
-  local limit=$1
+mh_mpirun() { # [MH_NP=N] mh_mpirun SECONDS ARGS...: mpirun from host 0 over the test network, one rank per host
+  local limit=$1 np=${MH_NP:-$HOSTS}  # more ranks than hosts: dealt round-robin (--map-by node)
   shift
-  "$HOSTEXEC" 0 timeout -k 5 "$limit" "$MPIRUN" -n "$HOSTS" --hostfile "$hostfile" --map-by node \
+  "$HOSTEXEC" 0 timeout -k 5 "$limit" "$MPIRUN" -n "$np" --oversubscribe --hostfile "$hostfile" --map-by node \
     --bind-to none --mca plm rsh --mca ras ^slurm --mca plm_rsh_agent "$agent" --mca btl tcp,self \
     --mca btl_tcp_if_include "$SUBNET.0/24" --mca oob_tcp_if_include "$SUBNET.0/24" --mca rtc_hwloc_vmhole none \
     "$@"
@@ -124,8 +124,19 @@ mh_mpirun 240 "$LBBSP" "${train[@]}" --balancer lbbsp-cpu --straggle static:1,1,
   --summary-json "$SCRATCH/multi4lb.json" --save-params "$SCRATCH/multi4lb.h5" >"$SCRATCH/multi4lb.log" 2>&1 ||
   { cat "$SCRATCH/multi4lb.log"; fail "the 4-host run with --balancer lbbsp-cpu failed"; }
 
-for f in single1 single4 multi4 multi4lb; do
-  ranks=$([[ $f == single1 ]] && echo 1 || echo 4)
+# Several ranks per host with --allreduce node: each host sums in shared memory and one sum per host crosses TCP;
+# 8 ranks = 2 on every host (shares reduced in parallel), 6 ranks = 2,2,1,1 (uneven: the first rank of each host
+# reduces all of it).
+for np in 8 6; do
+  MH_NP=$np mh_mpirun 240 "$LBBSP" "${train[@]}" --allreduce node --summary-json "$SCRATCH/multi$np.json" \
+    --save-params "$SCRATCH/multi$np.h5" >"$SCRATCH/multi$np.log" 2>&1 ||
+    { cat "$SCRATCH/multi$np.log"; fail "the $np-rank run on four hosts with --allreduce node failed"; }
+  grep -q '"step_mode": *"host/node-shared"' "$SCRATCH/multi$np.json" ||
+    fail "the $np-rank run did not use host/node-shared: $(grep -o '"step_mode": *"[^"]*"' "$SCRATCH/multi$np.json")"
+done
+
+for f in single1 single4 multi4 multi4lb multi8 multi6; do
+  ranks=$([[ $f == single1 ]] && echo 1 || echo "${f//[!0-9]/}")
   "$PYTHON" "$here/../slurm/check_results.py" summary "$SCRATCH/$f.json" --ranks "$ranks" --iterations 25 \
     --model logreg --global-batch 128 || fail "$f: summary JSON is not sane"
 done
@@ -136,3 +147,8 @@ done
 "$PYTHON" "$here/../slurm/check_results.py" compare "$SCRATCH/single1.json" "$SCRATCH/multi4lb.json" --rtol 1e-5 \
   --params "$SCRATCH/single1.h5" "$SCRATCH/multi4lb.h5" ||
   fail "1 rank on one host and 4 ranks on four hosts with the lbbsp-cpu balancer disagree"
+for np in 8 6; do
+  "$PYTHON" "$here/../slurm/check_results.py" compare "$SCRATCH/single1.json" "$SCRATCH/multi$np.json" --rtol 1e-5 \
+    --params "$SCRATCH/single1.h5" "$SCRATCH/multi$np.h5" ||
+    fail "1 rank on one host and $np ranks on four hosts with --allreduce node disagree"
+done
