@@ -5,20 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ranks="2 8 32 96" iterations=60 lbbsp=build/lbbsp out=results/coordination
-while (($#)); do
-  case $1 in
-    --ranks) ranks=$2; shift ;;
-    --iterations) iterations=$2; shift ;;
-    --lbbsp) lbbsp=$2; shift ;;
-    --out) out=$2; shift ;;
-    *) echo "run_coordination.sh: unknown option '$1'" >&2; exit 2 ;;
-  esac
-  shift
-done
-[[ -x $lbbsp ]] || { echo "run_coordination.sh: no lbbsp binary at '$lbbsp' (build first: scripts/setup.sh)" >&2; exit 1; }
-mkdir -p "$out"
-if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-"$lbbsp" data synth --samples 20000 --features 784 --classes 10 --seed 1 --out "$out/data.h5" >/dev/null
+# shellcheck source=bench/coordination/options.sh
+source bench/coordination/options.sh run_coordination.sh "$@"
 echo "| ranks | balancer | lag | mean iteration | coordination fraction |"
 echo "|---|---|---|---|---|"
 for n in $ranks; do
