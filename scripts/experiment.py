@@ -171,6 +171,8 @@ def train_cmd(a, cfg, model, straggle, balancer, run_dir, iterations, target, gl
         cmd += ["--target-accuracy", str(target)]
     if a.min_batch is not None:
         cmd += ["--min-batch", str(a.min_batch)]
+    if a.allreduce != "auto":
+        cmd += ["--allreduce", a.allreduce]
     return cmd
 
 
@@ -383,6 +385,7 @@ def write_tables(a, cfg, rows, scen_specs, commands):
              f"{cfg['ranks']} ranks under mpirun on {os.cpu_count()} cores (oversubscribed), MLP 784-256-128-10 on "
              f"Fashion-MNIST, global batch {cfg['global_batch']}, lr {cfg['lr']} ({a.lr_schedule}) momentum 0.9, "
              f"{cfg['iterations']} iterations ({cfg['gpu_iterations']} for gpu-emu), --lag {a.lag}, "
+             f"--allreduce {a.allreduce}, "
              f"evaluation every {cfg['eval_every']} iterations on {cfg['test_subset']} test samples; "
              f"time to target = training time (no evaluation time) to the first evaluation at >= {cfg['target']} "
              f"test accuracy (and, from the same accuracy curve, >= {cfg['target2']}). "
@@ -638,6 +641,9 @@ def main():
                     help="cosine decays to 0 at --iterations (for time-to-accuracy runs)")
     ap.add_argument("--lag", type=int, default=0)
     ap.add_argument("--min-batch", type=int, default=None)
+    ap.add_argument("--allreduce", choices=["auto", "mpi", "node"], default="auto",
+                    help="lbbsp train --allreduce; mpi also counts the modelled compute from each rank's own start, "
+                         "as every run before 2026-11-30 did")
     ap.add_argument("--trace-scale", type=float, default=2.0,
                     help="with --trace-rate 0: seconds of training per trace row (the old row-indexed replay)")
     ap.add_argument("--trace-rate", type=float, default=30.0,
