@@ -79,6 +79,8 @@ def record(a, name, straggle, seed, runs_dir, global_batch=256):
            "--max-iterations", str(a.iterations), "--seed", str(seed), "--balancer", "lbbsp-cpu",
            "--predictor", "narx", "--straggle", straggle, "--eval-every", "1000000", "--test-subset", "1000",
            "--log-dir", d]
+    if a.allreduce != "auto":
+        cmd += ["--allreduce", a.allreduce]
     with open(os.path.join(d, "command.txt"), "w") as f:
         f.write(" ".join(cmd) + "\n")
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
@@ -131,6 +133,9 @@ def main():
     ap.add_argument("--periods", default="1,2", help="stress on/off periods (s), one run each")
     ap.add_argument("--per-run", action="store_true", help="also one table row per run")
     ap.add_argument("--force", action="store_true", help="re-record runs that exist")
+    ap.add_argument("--allreduce", choices=["auto", "mpi", "node"], default="auto",
+                    help="lbbsp train --allreduce; mpi also counts the modelled compute from each rank's own start, "
+                         "as the runs before 2026-11-30 did")
     a = ap.parse_args()
     out = a.eval_only or a.out or os.path.join(
         ROOT, "results", "telemetry-eval-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
