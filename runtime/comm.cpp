@@ -5,6 +5,7 @@
 #include <mpi-ext.h>  // Open MPI's extensions: MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support
 #endif
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -15,7 +16,11 @@
 
 namespace lbbsp::runtime {
 
-Comm::Comm(int* argc, char*** argv) {
+struct Comm::Handles {
+  MPI_Comm node = MPI_COMM_NULL;  // this node's ranks
+};
+
+Comm::Comm(int* argc, char*** argv) : mpi_(std::make_unique<Handles>()) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -26,17 +31,31 @@ Comm::Comm(int* argc, char*** argv) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
-  MPI_Comm local;
-  LBBSP_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
-  MPI_Comm_rank(local, &local_rank_);
-  MPI_Comm_size(local, &local_size_);
-  MPI_Comm_free(&local);
+  LBBSP_MPI_CHECK(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &mpi_->node));
+  MPI_Comm_rank(mpi_->node, &local_rank_);
+  MPI_Comm_size(mpi_->node, &local_size_);
+  // Each node's first rank reports its node's size: the count of nodes and the fewest/most ranks on one.
+  std::vector<int> sizes(size_);
+  const int mine = local_rank_ == 0 ? local_size_ : 0;
+  LBBSP_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, sizes.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  nodes_ = 0;
+  min_local_size_ = size_;
+  max_local_size_ = 1;
+  for (int n : sizes) {
+    if (n == 0) continue;
+    ++nodes_;
+    min_local_size_ = std::min(min_local_size_, n);
+    max_local_size_ = std::max(max_local_size_, n);
+  }
 }
 
 Comm::~Comm() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (finalized) return;
+  if (mpi_->node != MPI_COMM_NULL) MPI_Comm_free(&mpi_->node);
+  MPI_Finalize();
 }
 
 void Comm::allreduce_sum(float* buf, size_t n) {
@@ -109,7 +128,7 @@ void Comm::abort(const std::string& message, int code) const {
 
 struct NodeWindow::Handles {
   MPI_Win win = MPI_WIN_NULL;
-  MPI_Comm node = MPI_COMM_NULL;    // this node's ranks
+  MPI_Comm node = MPI_COMM_NULL;    // this node's ranks: Comm's, which outlives the window
   MPI_Comm across = MPI_COMM_NULL;  // same node rank on every node (uniform), or the node leaders
 };
 
@@ -126,7 +145,6 @@ NodeWindow::~NodeWindow() {
     MPI_Win_free(&mpi_->win);
   }
   if (mpi_->across != MPI_COMM_NULL) MPI_Comm_free(&mpi_->across);
-  if (mpi_->node != MPI_COMM_NULL) MPI_Comm_free(&mpi_->node);
 }
 
 void NodeWindow::sync() {
@@ -153,9 +171,9 @@ void NodeWindow::sum_across_nodes(float* whole, size_t n, size_t lo, size_t hi) 
 std::unique_ptr<NodeWindow> Comm::node_window(size_t floats) {
   std::unique_ptr<NodeWindow> w(new NodeWindow());
   auto& h = *w->mpi_;
-  LBBSP_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &h.node));
-  MPI_Comm_rank(h.node, &w->rank_);
-  MPI_Comm_size(h.node, &w->size_);
+  h.node = mpi_->node;
+  w->rank_ = local_rank_;
+  w->size_ = local_size_;
   // The window lives in the node's first rank's segment, so data() is one contiguous array.
   const MPI_Aint bytes = w->rank_ == 0 ? static_cast<MPI_Aint>(floats * sizeof(float)) : 0;
   float* mine = nullptr;
@@ -172,14 +190,9 @@ std::unique_ptr<NodeWindow> Comm::node_window(size_t floats) {
   w->floats_ = floats;
   LBBSP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, h.win));
 
-  // Nodes and whether they all have as many ranks.
-  int leader = w->rank_ == 0, nodes = 0, min_size = w->size_, max_size = w->size_;
-  LBBSP_MPI_CHECK(MPI_Allreduce(&leader, &nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
-  LBBSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &min_size, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
-  LBBSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &max_size, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-  w->nodes_ = nodes;
-  w->uniform_ = min_size == max_size;
-  const int color = w->uniform_ ? w->rank_ : (leader ? 0 : MPI_UNDEFINED);
+  w->nodes_ = nodes_;
+  w->uniform_ = min_local_size_ == max_local_size_;
+  const int color = w->uniform_ ? w->rank_ : (w->rank_ == 0 ? 0 : MPI_UNDEFINED);
   LBBSP_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, rank_, &h.across));
   return w;
 }

@@ -21,6 +21,11 @@ class Comm {
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
+  // The job's nodes (as MPI sees them: MPI_COMM_TYPE_SHARED) and the fewest and most ranks on one of them,
+  // the same on every rank.
+  int nodes() const { return nodes_; }
+  int min_local_size() const { return min_local_size_; }
+  int max_local_size() const { return max_local_size_; }
   bool is_root() const { return rank_ == 0; }
 
   void allreduce_sum(float* buf, size_t n);
@@ -46,7 +51,10 @@ class Comm {
   [[noreturn]] void abort(const std::string& message, int code = 1) const;
 
  private:
+  struct Handles;  // this node's communicator (comm.cpp: this header stays free of mpi.h)
+  std::unique_ptr<Handles> mpi_;
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  int nodes_ = 1, min_local_size_ = 1, max_local_size_ = 1;
 };
 
 // One node's shared memory (an MPI-3 shared window) and the collectives of a hierarchical reduction over it:

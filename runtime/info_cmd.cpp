@@ -29,6 +29,8 @@ void add_info_command(CLI::App& app) {
       std::printf("mpi and GPU memory: %s\n", comm.cuda_support().c_str());
       std::printf("topology: %s\n", runtime::describe_topology().c_str());
       std::printf("kernel threads: %d\n", models::num_threads());
+      std::printf("nodes: %d, ranks per node %d-%d\n", comm.nodes(), comm.min_local_size(),
+                  comm.max_local_size());
     }
     // Print in rank order.
     for (int r = 0; r < comm.size(); ++r) {

@@ -57,11 +57,8 @@ size_t round_up(size_t n) {
 
 void StepEngine::start_host(const StepEngineConfig& cfg) {
   bool node = cfg.host_allreduce == "node";
-  if (cfg.host_allreduce == "auto" && cfg.device == "cpu") {
-    double fewest = comm_.local_size(), most = fewest;  // the choice must be the same on every rank
-    comm_.allreduce_min_max(&fewest, &most);
-    node = most > 1;
-  }
+  if (cfg.host_allreduce == "auto" && cfg.device == "cpu")
+    node = comm_.max_local_size() > 1;  // same on every rank
   if (!node) return;
   stride_ = round_up(P_ + extra_);
   const int ranks = comm_.local_size();

@@ -21,6 +21,7 @@ expect_fail "device: tpu not in" "$LBBSP" "${T[@]}" --device tpu
 # --device cuda where it cannot run: the message says why and what to do instead.
 INFO=$("$LBBSP" info)
 grep -q "^mpi and GPU memory: " <<<"$INFO" || fail "lbbsp info does not say whether MPI can reduce GPU memory"
+grep -q "^nodes: 1, ranks per node 1-1$" <<<"$INFO" || fail "lbbsp info on one process: expected 'nodes: 1, ranks per node 1-1'"
 if grep -q "^cuda backend: not built" <<<"$INFO"; then
   expect_fail "device cuda: lbbsp was built without CUDA \(configure with -DLBBSP_WITH_CUDA=ON" "$LBBSP" "${T[@]}" --device cuda
 elif grep -q "^cuda backend: built, 0 GPU" <<<"$INFO"; then

@@ -124,6 +124,16 @@ mh_mpirun 240 "$LBBSP" "${train[@]}" --balancer lbbsp-cpu --straggle static:1,1,
   --summary-json "$SCRATCH/multi4lb.json" --save-params "$SCRATCH/multi4lb.h5" >"$SCRATCH/multi4lb.log" 2>&1 ||
   { cat "$SCRATCH/multi4lb.log"; fail "the 4-host run with --balancer lbbsp-cpu failed"; }
 
+# How the job sees its hosts: MPI's shared-memory groups are the network namespaces.
+for layout in "4 1-1" "8 2-2" "6 1-2"; do
+  read -r np per <<<"$layout"
+  MH_NP=$np mh_mpirun 60 "$LBBSP" info >"$SCRATCH/info$np.log" 2>&1 ||
+    { cat "$SCRATCH/info$np.log"; fail "lbbsp info on $np ranks failed"; }
+  got=$(grep '^nodes' "$SCRATCH/info$np.log")
+  [[ $got == "nodes: 4, ranks per node $per" ]] ||
+    fail "lbbsp info on $np ranks over four hosts: expected 'nodes: 4, ranks per node $per', got '$got'"
+done
+
 # Several ranks per host with --allreduce node: each host sums in shared memory and one sum per host crosses TCP;
 # 8 ranks = 2 on every host (shares reduced in parallel), 6 ranks = 2,2,1,1 (uneven: the first rank of each host
 # reduces all of it).
