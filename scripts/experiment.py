@@ -153,6 +153,11 @@ def train_samples(path):
         return int(f["train/labels"].shape[0])
 
 
+def mlp_lr(cfg, global_batch):
+    """The MLP's learning rate: --lr (or the mode's), else the default for this global batch (see --help)."""
+    return cfg["lr"] if cfg["lr"] is not None else (0.2 if global_batch <= 512 else 0.1)
+
+
 def train_cmd(a, cfg, model, straggle, balancer, run_dir, iterations, target, global_batch=None):
     bal, pred = BALANCERS[balancer]
     gb = (global_batch or cfg["global_batch"]) if model == "mlp" else a.cnn_global_batch
@@ -160,7 +165,7 @@ def train_cmd(a, cfg, model, straggle, balancer, run_dir, iterations, target, gl
     epochs = math.ceil(iterations * gb / train_samples(a.data)) if a.lr_schedule == "cosine" else 100
     cmd = ["mpirun", "-n", str(cfg["ranks"]), "--oversubscribe", "--bind-to", "none", a.lbbsp, "train",
            "--data", a.data, "--model", model, "--global-batch", str(gb),
-           "--lr", str(cfg["lr"] if model == "mlp" else 0.05), "--momentum", "0.9", "--epochs", str(epochs),
+           "--lr", str(mlp_lr(cfg, gb) if model == "mlp" else 0.05), "--momentum", "0.9", "--epochs", str(epochs),
            "--lr-schedule", a.lr_schedule,
            "--max-iterations", str(iterations), "--seed", "1", "--balancer", bal, "--straggle", straggle,
            "--lag", str(a.lag), "--eval-every", str(cfg["eval_every"]), "--test-subset", str(cfg["test_subset"]),
@@ -209,7 +214,8 @@ def run_peer(a, cfg, scenario, straggle, rep, iterations, target):
     os.makedirs(run_dir, exist_ok=True)
     factors = straggle.split(";")[0].split(":", 1)[1]
     cmd = [a.torch_python, os.path.join(ROOT, "scripts", "peers", "pytorch_ddp.py"), "--data", a.data,
-           "--ranks", str(cfg["ranks"]), "--global-batch", str(cfg["global_batch"]), "--lr", str(cfg["lr"]),
+           "--ranks", str(cfg["ranks"]), "--global-batch", str(cfg["global_batch"]),
+           "--lr", str(mlp_lr(cfg, cfg["global_batch"])),
            "--momentum", "0.9", "--max-iterations", str(iterations), "--seed", "1", "--straggle", factors,
            "--eval-every", str(cfg["eval_every"]), "--test-subset", str(cfg["test_subset"]),
            "--cost-slope", str(a.slope), "--summary-json", os.path.join(run_dir, "summary.json")]
@@ -383,7 +389,9 @@ def write_tables(a, cfg, rows, scen_specs, commands):
             w.writerow(["" if r.get(c) is None else r.get(c) for c in cols])
     lines = [f"# LB-BSP experiment ({cfg['mode']} mode, {datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC)", "",
              f"{cfg['ranks']} ranks under mpirun on {os.cpu_count()} cores (oversubscribed), MLP 784-256-128-10 on "
-             f"Fashion-MNIST, global batch {cfg['global_batch']}, lr {cfg['lr']} ({a.lr_schedule}) momentum 0.9, "
+             f"Fashion-MNIST, global batch {cfg['global_batch']}, lr {mlp_lr(cfg, cfg['global_batch'])} "
+             f"({a.lr_schedule}"
+             f"{'' if cfg['lr'] is not None else '; 0.1 for a scenario at global batch > 512'}) momentum 0.9, "
              f"{cfg['iterations']} iterations ({cfg['gpu_iterations']} for gpu-emu), --lag {a.lag}, "
              f"--allreduce {a.allreduce}, "
              f"evaluation every {cfg['eval_every']} iterations on {cfg['test_subset']} test samples; "
@@ -636,7 +644,9 @@ def main():
                     help="linear emulated cost, s/sample at capacity 1, for static/trace (0: pure sleep-by-capacity)")
     ap.add_argument("--cnn-global-batch", type=int, default=256)
     ap.add_argument("--trace-slope", type=float, default=0.0006, help="the same for the trace scenario")
-    ap.add_argument("--lr", type=float, default=0.2)
+    ap.add_argument("--lr", type=float, default=None,
+                    help="MLP learning rate (default 0.2 up to global batch 512, 0.1 above: 0.2 with momentum 0.9 "
+                         "sometimes collapses to chance accuracy at >= 1024)")
     ap.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
                     help="cosine decays to 0 at --iterations (for time-to-accuracy runs)")
     ap.add_argument("--lag", type=int, default=0)
