@@ -1,13 +1,17 @@
-// `lbbsp data import-fashion-mnist` and `lbbsp data synth`.
+// `lbbsp data import-fashion-mnist`, `lbbsp data synth` and `lbbsp data export-traces`.
 #include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
 
 #include "runtime/commands.hpp"
 #include "runtime/dataset.hpp"
+#include "runtime/traces.hpp"
 
 namespace lbbsp::cli {
 
 void add_data_command(CLI::App& app) {
-  auto* data = app.add_subcommand("data", "Prepare datasets (HDF5)");
+  auto* data = app.add_subcommand("data", "Prepare datasets (HDF5); export trace series (CSV)");
   data->require_subcommand(1);
 
   auto* imp = data->add_subcommand("import-fashion-mnist", "Convert Fashion-MNIST IDX files to HDF5");
@@ -37,6 +41,36 @@ void add_data_command(CLI::App& app) {
     runtime::write_synthetic(samples, features, classes, seed, sout, test_samples);
     std::printf("wrote %s: %lld samples, %d features, %d classes\n", sout.c_str(),
                 static_cast<long long>(samples), features, classes);
+  });
+
+  // For scripts that analyse traces (scripts/experiment.py --trace-ceiling): one reader, this one.
+  auto* exp = data->add_subcommand(
+      "export-traces", "Write the capacity series of trace files as CSV: series,family,time_s,capacity");
+  static std::string traces, eout = "-";
+  exp->add_option("--traces", traces, "Trace file or directory (any format `--straggle trace:` reads)")
+      ->required();
+  exp->add_option("--out", eout,
+                  "CSV file to write ('-': standard output); time_s is in the trace's own clock")
+      ->capture_default_str();
+  exp->callback([] {
+    const auto series = runtime::load_traces(traces);
+    std::ofstream file;
+    if (eout != "-") {
+      file.open(eout);
+      if (!file) throw std::runtime_error("cannot write '" + eout + "' (--out): check the folder exists");
+    }
+    std::ostream& os = eout == "-" ? std::cout : file;
+    os.precision(17);
+    os << "series,family,time_s,capacity\n";
+    for (const auto& s : series) {
+      // Quoted: a source is a path, which may hold commas.
+      std::string name = "\"";
+      for (char c : s.source) name += c == '"' ? std::string("\"\"") : std::string(1, c);
+      name += '"';
+      for (size_t i = 0; i < s.capacity.size(); ++i)
+        os << name << ',' << s.family << ',' << s.origin_s + s.time_s[i] << ',' << s.capacity[i] << '\n';
+    }
+    if (!os.flush()) throw std::runtime_error("writing '" + eout + "' (--out) failed: disk full?");
   });
 }
 

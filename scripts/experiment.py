@@ -27,6 +27,7 @@ Run with /usr/bin/python3 (numpy, h5py, matplotlib; torch for the DDP peer).
 import argparse
 import csv
 import datetime
+import io
 import json
 import math
 import os
@@ -543,57 +544,37 @@ CEILING_TRACES = {"alibaba": os.path.join("alibaba_v2018_machine_usage", "machin
                   "bitbrains": "bitbrains_rnd", "planetlab": "planetlab_cloudsim"}
 
 
-def utilisation_series(path):
-    """{series: array of (time s, CPU util %)} from an Alibaba machine_usage file ("m_ID,time,cpu%,..."), or from
-    a folder (searched recursively) of Bitbrains VM files ("Timestamp [ms];..." header, Unix seconds, CPU usage %
-    in the fifth column) or PlanetLab VM files (one CPU % per line every 300 s, all from the same day)."""
-    import glob
-    import gzip
-
-    def read(f):
-        return gzip.open(f, "rt") if f.endswith(".gz") else open(f)
-
+def capacity_series(lbbsp, path):
+    """{series: array of (time s, capacity)} of a trace file or folder, read by `lbbsp data export-traces` (the
+    reader the replay uses: every format of ../shared/traces, gzip or plain)."""
+    out = subprocess.run([lbbsp, "data", "export-traces", "--traces", path], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    if out.returncode != 0:
+        sys.exit(f"experiment.py: cannot read utilisation trace '{path}': {out.stderr.strip()}")
     rows = {}
-    try:
-        if os.path.isfile(path):
-            with read(path) as f:
-                for line in f:
-                    p = line.split(",")
-                    rows.setdefault(p[0], []).append((float(p[1]), float(p[2])))
-        else:
-            for f in sorted(glob.glob(os.path.join(path, "**", "*"), recursive=True)):
-                if not os.path.isfile(f) or os.path.basename(f) in ("README.md", "MANIFEST.tsv"):
-                    continue
-                with read(f) as h:
-                    lines = [line for line in h if line.strip()]
-                if lines and lines[0].startswith("Timestamp"):
-                    rows[f] = [(float(p[0]), float(p[4])) for p in (line.split(";") for line in lines[1:])]
-                else:
-                    rows[f] = [(300.0 * i, float(v)) for i, v in enumerate(lines)]
-    except (OSError, ValueError, IndexError) as e:
-        sys.exit(f"experiment.py: cannot read utilisation trace '{path}': {e} (expected Alibaba machine_usage, "
-                 "Bitbrains or PlanetLab files)")
+    for r in csv.DictReader(io.StringIO(out.stdout)):
+        rows.setdefault(r["series"], []).append((float(r["time_s"]), float(r["capacity"])))
     ser = {m: np.array(sorted(v)) for m, v in rows.items() if v}
     if not ser:
         sys.exit(f"experiment.py: no utilisation series in '{path}'")
     return ser
 
 
-def trace_ceiling(path, ranks_list, window_s, rate, windows, seed):
+def trace_ceiling(lbbsp, path, ranks_list, window_s, rate, windows, seed):
     """Ideal speed-up of a perfect split over an equal one (compute linear in the batch, no fixed cost) on a CPU
-    utilisation trace (utilisation_series), over `windows` random replay windows of `window_s` training seconds at
+    utilisation trace (capacity_series), over `windows` random replay windows of `window_s` training seconds at
     `rate` trace seconds per second: co-located (ranks on distinct machines at one moment, align=time) vs
     independent (each rank its own machine and moment). Capacity = 1 - CPU util, clamped to [0.05, 1], as the
     replay does. Where fewer series than ranks cover a window, ranks share them in turn (as align=time does)."""
-    ser = utilisation_series(path)
+    ser = capacity_series(lbbsp, path)
     span = window_s * rate
     ts = np.arange(0.0, span, 2.0 * rate / 15)  # one point per ~iteration (15 iterations per 2 s)
     rng = np.random.default_rng(seed)
 
     def caps(m, start):
-        t, u = ser[m][:, 0], ser[m][:, 1]
+        t, c = ser[m][:, 0], ser[m][:, 1]
         i = np.clip(np.searchsorted(t, start + ts, side="right") - 1, 0, len(t) - 1)
-        return np.clip(1 - u[i] / 100, 0.05, 1)
+        return np.clip(c[i], 0.05, 1)
 
     lo = min(v[0, 0] for v in ser.values())
     hi = max(v[-1, 0] for v in ser.values())
@@ -683,7 +664,9 @@ def main():
                 else a.ceiling_trace)
         if not os.path.exists(path):
             sys.exit(f"experiment.py: no trace '{path}' (--ceiling-trace: {', '.join(CEILING_TRACES)} or a path)")
-        print(trace_ceiling(path,
+        if not os.access(a.lbbsp, os.X_OK):
+            sys.exit(f"experiment.py: no lbbsp binary at '{a.lbbsp}' (build it, or pass --lbbsp PATH)")
+        print(trace_ceiling(os.path.abspath(a.lbbsp), path,
                             [int(x) for x in a.ceiling_ranks.split(",")], a.ceiling_window,
                             a.trace_rate if a.trace_rate > 0 else 60.0 / a.trace_scale, 2000, a.trace_seed))
         return

@@ -60,4 +60,28 @@ PY
 expect_fail "labels.h5.*/train/labels\[2\] = 7 is out of range for num_classes = 3" "$LBBSP" train --data "$SCRATCH/labels.h5" --model logreg --global-batch 2
 expect_fail "shape.h5.*/train/labels must have shape \(10,\)" "$LBBSP" train --data "$SCRATCH/shape.h5" --model logreg
 expect_fail "notest.h5' has no dataset '/test/images'" "$LBBSP" train --data "$SCRATCH/notest.h5" --model logreg
+
+# export-traces: the replay's reader, as CSV (times in the trace's own clock, capacities clamped to [0.02, 1] as read).
+mkdir -p "$SCRATCH/tr/pl"
+printf "0\n50\n100\n" >"$SCRATCH/tr/pl/vm,a"
+printf "m_1,600,25,40,,,1,1,1\nm_1,60,75,40,,,1,1,1\nm_2,60,0,40,,,1,1,1\n" | gzip >"$SCRATCH/tr/alibaba.csv.gz"
+"$LBBSP" data export-traces --traces "$SCRATCH/tr" --out "$SCRATCH/tr.csv" || fail "export-traces failed"
+got=$(cat "$SCRATCH/tr.csv")
+want="series,family,time_s,capacity
+\"$SCRATCH/tr/alibaba.csv.gz#m_1\",alibaba,60,0.25
+\"$SCRATCH/tr/alibaba.csv.gz#m_1\",alibaba,600,0.75
+\"$SCRATCH/tr/alibaba.csv.gz#m_2\",alibaba,60,1
+\"$SCRATCH/tr/pl/vm,a\",planetlab,0,1
+\"$SCRATCH/tr/pl/vm,a\",planetlab,300,0.5
+\"$SCRATCH/tr/pl/vm,a\",planetlab,600,0.02"
+[[ $got == "$want" ]] || fail "export-traces wrote:
+$got
+expected:
+$want"
+[[ $("$LBBSP" data export-traces --traces "$SCRATCH/tr/pl") == "$(grep -e '^series' -e planetlab "$SCRATCH/tr.csv")" ]] ||
+  fail "export-traces to standard output differs from --out"
+expect_fail "cannot write '/nonexistent/x.csv' \(--out\)" "$LBBSP" data export-traces --traces "$SCRATCH/tr" \
+  --out /nonexistent/x.csv
+expect_fail "/nonexistent/traces" "$LBBSP" data export-traces --traces /nonexistent/traces
+echo "ok: data export-traces"
 echo "data tests passed"

@@ -80,8 +80,13 @@ for vm_u in 1:0 2:50 3:75 4:0; do
 done
 for vm in 1 2 3 4; do
   {
-    echo "Timestamp [ms];	CPU cores;	CPU capacity provisioned [MHZ];	CPU usage [MHZ];	CPU usage [%];	Memory"
-    for i in $(seq 0 400); do echo "$((1372629600 + 300 * i));	4;	11704;	$((i * vm % 97));	50.0;	1"; done
+    printf '%s;\t' "Timestamp [ms]" "CPU cores" "CPU capacity provisioned [MHZ]" "CPU usage [MHZ]" "CPU usage [%]" \
+      "Memory capacity provisioned [KB]" "Memory usage [KB]" "Disk read throughput [KB/s]" \
+      "Disk write throughput [KB/s]" "Network received throughput [KB/s]"
+    echo "Network transmitted throughput [KB/s]"
+    for i in $(seq 0 400); do
+      echo "$((1372629600 + 300 * i));	4;	11704;	$((i * vm % 97));	50.0;	1000;	$((i * vm % 89));	1;	2;	3;	4"
+    done
   } | gzip >"$CT/bitbrains/month/$vm.csv.gz"
 done
 for m in 1 2 3 4; do
@@ -89,7 +94,7 @@ for m in 1 2 3 4; do
 done | gzip >"$CT/alibaba.csv.gz"
 check_ceiling() {  # PATH EXPECTED_MEDIAN
   local out
-  out=$($PY "$ROOT/scripts/experiment.py" --trace-ceiling --ceiling-trace "$1" --ceiling-ranks 4 2>&1) ||
+  out=$($PY "$ROOT/scripts/experiment.py" --lbbsp "$LBBSP" --trace-ceiling --ceiling-trace "$1" --ceiling-ranks 4 2>&1) ||
     fail "--trace-ceiling on $1 failed: $out"
   grep -q "^| 4 | co-located (align=time) | $2 | $2 |" <<<"$out" || fail "$1: expected median $2, got: $out"
   grep -q "^| 4 | independent (align=random) | $2 | $2 |" <<<"$out" || fail "$1: expected $2 independent: $out"
@@ -97,8 +102,11 @@ check_ceiling() {  # PATH EXPECTED_MEDIAN
 check_ceiling "$CT/planetlab" 2.75x
 check_ceiling "$CT/bitbrains" 1.00x
 check_ceiling "$CT/alibaba.csv.gz" 1.50x
-expect_fail "no trace '/nonexistent/trace'" $PY "$ROOT/scripts/experiment.py" --trace-ceiling --ceiling-trace /nonexistent/trace
-echo "not a number" >"$CT/planetlab/day/broken"
-expect_fail "cannot read utilisation trace .*could not convert" \
-  $PY "$ROOT/scripts/experiment.py" --trace-ceiling --ceiling-trace "$CT/planetlab"
+expect_fail "no trace '/nonexistent/trace'" $PY "$ROOT/scripts/experiment.py" --lbbsp "$LBBSP" --trace-ceiling \
+  --ceiling-trace /nonexistent/trace
+expect_fail "no lbbsp binary at '/nonexistent/lbbsp'" $PY "$ROOT/scripts/experiment.py" --lbbsp /nonexistent/lbbsp \
+  --trace-ceiling --ceiling-trace "$CT/planetlab"
+printf "10\nnot a number\n" >"$CT/planetlab/day/broken"
+expect_fail "cannot read utilisation trace .*planetlab/day/broken:2: bad CPU % value 'not a number'" \
+  $PY "$ROOT/scripts/experiment.py" --lbbsp "$LBBSP" --trace-ceiling --ceiling-trace "$CT/planetlab"
 echo "ok: --trace-ceiling on PlanetLab, Bitbrains and Alibaba formats"
