@@ -359,7 +359,14 @@ double Straggler::emulated_seconds(int rank, double elapsed_s, int64_t batch, do
 }
 
 void Straggler::stretch_to(double real_s, double target_s) {
-  if (target_s > real_s) std::this_thread::sleep_for(std::chrono::duration<double>(target_s - real_s));
+  if (target_s <= real_s) return;
+  // Sleep to just short of the deadline, then yield until it: waking a sleeping thread (an idle core, a
+  // virtual CPU) comes back late by 0.2-0.5 ms, which the emulated machine would not.
+  constexpr double kSpin = 0.001;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(target_s - real_s);
+  if (target_s - real_s > kSpin)
+    std::this_thread::sleep_for(std::chrono::duration<double>(target_s - real_s - kSpin));
+  while (std::chrono::steady_clock::now() < deadline) sched_yield();
 }
 
 ResourceMetrics Straggler::metrics(int rank, double elapsed_s, const ResourceMetrics& measured) {

@@ -73,7 +73,8 @@ class Straggler {
   // The compute time to report for a slice that really took real_s: stretched by the capacity (or raised to
   // the GPU curve). Throws when batch exceeds the GPU memory cap, as an out-of-memory would.
   double emulated_seconds(int rank, double elapsed_s, int64_t batch, double real_s) const;
-  // Sleeps until an emulated compute that started `real_s` ago has lasted `target_s`.
+  // Waits until an emulated compute that started `real_s` ago has lasted `target_s` (sleeps, then yields the
+  // CPU through the last millisecond); never returns before.
   static void stretch_to(double real_s, double target_s);
   // Metrics reported to predictors: from the trace in replay mode (with noise), else measured from /proc.
   ResourceMetrics metrics(int rank, double elapsed_s, const ResourceMetrics& measured);

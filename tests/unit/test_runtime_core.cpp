@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -86,6 +87,16 @@ TEST(Straggler, StaticFactorsCycleAndStretchCompute) {
   ResourceMetrics measured;
   measured.cpu_avail = 0.9;
   EXPECT_DOUBLE_EQ(s.metrics(1, 0, measured).cpu_avail, 0.5);  // replay reports the trace's co-tenant load
+}
+
+TEST(Straggler, StretchNeverEndsBeforeTheTarget) {
+  // Sleep-then-yield: both the part under the final millisecond and the part beyond it must reach the target.
+  for (double target : {0.0004, 0.0025, 0.012}) {
+    const auto start = std::chrono::steady_clock::now();
+    Straggler::stretch_to(0.0, target);
+    EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), target)
+        << target;
+  }
 }
 
 TEST(Straggler, TraceReplayFollowsTheSeriesWithScaleAndOffset) {
