@@ -1,7 +1,9 @@
 // make_predictor: parses "last", "ema[:ALPHA]", "arima[:P,D,Q[,window=N]]", "narx[:key=value,...]", "oracle".
 #include <charconv>
+#include <sstream>
 #include <stdexcept>
 #include <string_view>
+#include <utility>
 
 #include "predictors/arima.hpp"
 #include "predictors/basic.hpp"
@@ -11,13 +13,33 @@
 namespace lbbsp::predictors {
 namespace {
 
-constexpr const char* kValidSpecs =
-    "valid: last, ema[:ALPHA] (e.g. ema:0.3), arima[:P,D,Q[,window=N]] (e.g. arima:1,0,1), "
-    "narx[:dy=4,du=2,hidden=8,window=64,lr=0.01,epochs=2,batch=8,sharp=4,forget=0.98,ridge=0.01,ratio=0], "
-    "oracle";
+// narx's key=value options; the error message lists them with the defaults of NarxOptions.
+template <class T>
+struct NarxField {
+  const char* key;
+  T NarxOptions::*field;
+};
+constexpr NarxField<int> kNarxInts[] = {{"dy", &NarxOptions::dy},         {"du", &NarxOptions::du},
+                                        {"hidden", &NarxOptions::hidden}, {"window", &NarxOptions::window},
+                                        {"epochs", &NarxOptions::epochs}, {"batch", &NarxOptions::batch},
+                                        {"ratio", &NarxOptions::ratio}};
+constexpr NarxField<double> kNarxDoubles[] = {{"lr", &NarxOptions::lr},
+                                              {"sharp", &NarxOptions::sharp},
+                                              {"forget", &NarxOptions::forget},
+                                              {"ridge", &NarxOptions::ridge}};
+
+std::string valid_specs() {
+  const NarxOptions defaults;
+  std::ostringstream narx;
+  const char* sep = "";
+  for (const auto& f : kNarxInts) narx << std::exchange(sep, ",") << f.key << '=' << defaults.*f.field;
+  for (const auto& f : kNarxDoubles) narx << std::exchange(sep, ",") << f.key << '=' << defaults.*f.field;
+  return "valid: last, ema[:ALPHA] (e.g. ema:0.3), arima[:P,D,Q[,window=N]] (e.g. arima:1,0,1), narx[:" +
+         narx.str() + "], oracle";
+}
 
 [[noreturn]] void bad_spec(const std::string& spec, const std::string& why) {
-  throw std::invalid_argument("bad predictor spec '" + spec + "': " + why + " (" + kValidSpecs + ")");
+  throw std::invalid_argument("bad predictor spec '" + spec + "': " + why + " (" + valid_specs() + ")");
 }
 
 std::vector<std::string> split(std::string_view s, char sep) {
@@ -82,30 +104,18 @@ std::unique_ptr<Predictor> make_predictor(const std::string& spec, int num_exo, 
           auto kv = split(part, '=');
           if (kv.size() != 2) bad_spec(spec, "narx options are key=value, got '" + part + "'");
           const std::string& key = kv[0];
-          if (key == "dy")
-            o.dy = parse_value<int>(spec, key, kv[1]);
-          else if (key == "du")
-            o.du = parse_value<int>(spec, key, kv[1]);
-          else if (key == "hidden")
-            o.hidden = parse_value<int>(spec, key, kv[1]);
-          else if (key == "window")
-            o.window = parse_value<int>(spec, key, kv[1]);
-          else if (key == "lr")
-            o.lr = parse_value<double>(spec, key, kv[1]);
-          else if (key == "epochs")
-            o.epochs = parse_value<int>(spec, key, kv[1]);
-          else if (key == "batch")
-            o.batch = parse_value<int>(spec, key, kv[1]);
-          else if (key == "sharp")
-            o.sharp = parse_value<double>(spec, key, kv[1]);
-          else if (key == "forget")
-            o.forget = parse_value<double>(spec, key, kv[1]);
-          else if (key == "ridge")
-            o.ridge = parse_value<double>(spec, key, kv[1]);
-          else if (key == "ratio")
-            o.ratio = parse_value<int>(spec, key, kv[1]);
-          else
-            bad_spec(spec, "unknown narx option '" + key + "'");
+          bool known = false;
+          for (const auto& f : kNarxInts) {
+            if (key != f.key) continue;
+            o.*f.field = parse_value<int>(spec, key, kv[1]);
+            known = true;
+          }
+          for (const auto& f : kNarxDoubles) {
+            if (key != f.key) continue;
+            o.*f.field = parse_value<double>(spec, key, kv[1]);
+            known = true;
+          }
+          if (!known) bad_spec(spec, "unknown narx option '" + key + "'");
         }
       }
       return std::make_unique<NarxPredictor>(o, num_exo, seed);

@@ -7,9 +7,12 @@
 #include <random>
 
 #include "predictors/basic.hpp"
+#include "predictors/narx.hpp"
 #include "predictors/predictor.hpp"
 
 using lbbsp::predictors::make_predictor;
+using lbbsp::predictors::NarxOptions;
+using lbbsp::predictors::NarxPredictor;
 using lbbsp::predictors::Predictor;
 
 namespace {
@@ -57,6 +60,38 @@ TEST(PredictorFactory, BuildsEveryValidSpec) {
     auto p = make_predictor(spec, kExo, 7);
     ASSERT_NE(p, nullptr) << spec;
     EXPECT_EQ(p->name(), spec.substr(0, spec.find(':'))) << spec;
+  }
+}
+
+TEST(PredictorFactory, SetsEveryNarxOptionItNames) {
+  auto p = make_predictor(
+      "narx:dy=3,du=1,hidden=5,window=20,lr=0.05,epochs=3,batch=2,sharp=2,forget=0.9,ridge=0.1,"
+      "ratio=1",
+      kExo, 1);
+  const auto* narx = dynamic_cast<const NarxPredictor*>(p.get());
+  ASSERT_NE(narx, nullptr);
+  const NarxOptions& o = narx->options();
+  EXPECT_EQ(o.dy, 3);
+  EXPECT_EQ(o.du, 1);
+  EXPECT_EQ(o.hidden, 5);
+  EXPECT_EQ(o.window, 20);
+  EXPECT_DOUBLE_EQ(o.lr, 0.05);
+  EXPECT_EQ(o.epochs, 3);
+  EXPECT_EQ(o.batch, 2);
+  EXPECT_DOUBLE_EQ(o.sharp, 2);
+  EXPECT_DOUBLE_EQ(o.forget, 0.9);
+  EXPECT_DOUBLE_EQ(o.ridge, 0.1);
+  EXPECT_EQ(o.ratio, 1);
+  // The message lists the options with NarxOptions' defaults.
+  try {
+    make_predictor("narx:depth=3", kExo, 1);
+    ADD_FAILURE() << "accepted narx:depth=3";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("narx[:dy=4,du=2,hidden=8,window=64,epochs=2,batch=8,ratio=0,lr=0.01,"
+                                   "sharp=4,forget=0.98,ridge=0.01]"),
+        std::string::npos)
+        << e.what();
   }
 }
 
