@@ -360,8 +360,8 @@ double Straggler::emulated_seconds(int rank, double elapsed_s, int64_t batch, do
 
 void Straggler::stretch_to(double real_s, double target_s) {
   if (target_s <= real_s) return;
-  // Sleep to just short of the deadline, then yield until it: waking a sleeping thread (an idle core, a
-  // virtual CPU) comes back late by 0.2-0.5 ms, which the emulated machine would not.
+  // Sleep to just short of the deadline, then yield until it: a thread woken from sleep comes back late
+  // (0.1-0.2 ms on the 2-core test machine), which the emulated machine would not.
   constexpr double kSpin = 0.001;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(target_s - real_s);
   if (target_s - real_s > kSpin)
