@@ -132,7 +132,7 @@ struct NodeWindow::Handles {
   MPI_Comm across = MPI_COMM_NULL;  // same node rank on every node (uniform), or the node leaders
 };
 
-NodeWindow::NodeWindow() : mpi_(std::make_unique<Handles>()) {}
+NodeWindow::NodeWindow(const Comm& comm) : comm_(comm), mpi_(std::make_unique<Handles>()) {}
 
 NodeWindow::~NodeWindow() {
   int finalized = 0;
@@ -155,27 +155,25 @@ void NodeWindow::sync() {
 }
 
 void NodeWindow::sum_across_nodes(float* whole, size_t n, size_t lo, size_t hi) {
-  if (nodes_ == 1) return;
-  if (uniform_) {
+  if (nodes() == 1) return;
+  if (uniform()) {
     if (hi > lo)
       LBBSP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, whole + lo, static_cast<int>(hi - lo), MPI_FLOAT, MPI_SUM,
                                     mpi_->across));
     return;
   }
   sync();  // every share of the node's sum is in place before the leader sends it all
-  if (rank_ == 0)
+  if (rank() == 0)
     LBBSP_MPI_CHECK(
         MPI_Allreduce(MPI_IN_PLACE, whole, static_cast<int>(n), MPI_FLOAT, MPI_SUM, mpi_->across));
 }
 
 std::unique_ptr<NodeWindow> Comm::node_window(size_t floats) {
-  std::unique_ptr<NodeWindow> w(new NodeWindow());
+  std::unique_ptr<NodeWindow> w(new NodeWindow(*this));
   auto& h = *w->mpi_;
   h.node = mpi_->node;
-  w->rank_ = local_rank_;
-  w->size_ = local_size_;
   // The window lives in the node's first rank's segment, so data() is one contiguous array.
-  const MPI_Aint bytes = w->rank_ == 0 ? static_cast<MPI_Aint>(floats * sizeof(float)) : 0;
+  const MPI_Aint bytes = local_rank_ == 0 ? static_cast<MPI_Aint>(floats * sizeof(float)) : 0;
   float* mine = nullptr;
   MPI_Comm_set_errhandler(h.node, MPI_ERRORS_RETURN);
   int ok = MPI_Win_allocate_shared(bytes, sizeof(float), MPI_INFO_NULL, h.node, &mine, &h.win) == MPI_SUCCESS;
@@ -190,9 +188,7 @@ std::unique_ptr<NodeWindow> Comm::node_window(size_t floats) {
   w->floats_ = floats;
   LBBSP_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, h.win));
 
-  w->nodes_ = nodes_;
-  w->uniform_ = min_local_size_ == max_local_size_;
-  const int color = w->uniform_ ? w->rank_ : (w->rank_ == 0 ? 0 : MPI_UNDEFINED);
+  const int color = w->uniform() ? local_rank_ : (local_rank_ == 0 ? 0 : MPI_UNDEFINED);
   LBBSP_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, rank_, &h.across));
   return w;
 }

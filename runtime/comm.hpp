@@ -67,9 +67,9 @@ class NodeWindow {
 
   float* data() const { return data_; }  // the same memory on every rank of this node
   size_t floats() const { return floats_; }
-  int rank() const { return rank_; }  // within the node
-  int size() const { return size_; }
-  int nodes() const { return nodes_; }
+  int rank() const { return comm_.local_rank(); }  // within the node
+  int size() const { return comm_.local_size(); }
+  int nodes() const { return comm_.nodes(); }
   // Barrier among this node's ranks; what each wrote to data() before is visible to all after.
   void sync();
   // Sums whole[0, n) over the nodes, each node holding its own sum there. [lo, hi) is this rank's share: when
@@ -80,12 +80,13 @@ class NodeWindow {
  private:
   friend class Comm;
   struct Handles;  // the MPI window and communicators (comm.cpp: this header stays free of mpi.h)
-  NodeWindow();
+  explicit NodeWindow(const Comm& comm);
+  // Every node has as many ranks: the ranks with the same node rank reduce their shares in parallel.
+  bool uniform() const { return comm_.min_local_size() == comm_.max_local_size(); }
+  const Comm& comm_;  // made the window and outlives it; the node layout is its
   std::unique_ptr<Handles> mpi_;
   float* data_ = nullptr;
   size_t floats_ = 0;
-  int rank_ = 0, size_ = 1, nodes_ = 1;
-  bool uniform_ = true;
 };
 
 // Rank of this process as the launcher sees it, before MPI_Init (mpirun, srun, PMI); 0 when not launched so.
