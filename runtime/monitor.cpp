@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -47,6 +48,7 @@ ResourceMonitor::CpuTimes ResourceMonitor::read_cpu_times() const {
   std::ifstream in("/proc/stat");
   std::string line;
   while (std::getline(in, line)) {
+    if (line.rfind("procs_running ", 0) == 0) t.running = std::atol(line.c_str() + 14);
     if (line.rfind("cpu", 0) != 0 || line.size() < 4 || !std::isdigit(static_cast<unsigned char>(line[3])))
       continue;
     std::istringstream s(line.substr(3));
@@ -90,9 +92,7 @@ ResourceMetrics ResourceMonitor::sample() {
     if (key == "MemAvailable:") avail = value;
   }
   if (total > 0) m.mem_avail = avail / total;
-  std::ifstream la("/proc/loadavg");
-  double l1 = 0;
-  if (la >> l1) m.load = l1 / std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
+  m.load = static_cast<double>(now.running) / std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
   return m;
 }
 

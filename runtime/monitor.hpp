@@ -8,7 +8,9 @@ namespace lbbsp::runtime {
 struct ResourceMetrics {
   double cpu_avail = 1.0;  // fraction of this rank's CPUs not used by other processes since the last sample
   double mem_avail = 1.0;  // MemAvailable / MemTotal
-  double load = 0.0;       // 1-minute load average / online CPUs
+  // Runnable threads now (/proc/stat procs_running) per online CPU: an instantaneous reading, so a co-tenant
+  // that started during the last iteration shows in full where cpu_avail (an average over it) shows a part.
+  double load = 0.0;
 };
 
 class ResourceMonitor {
@@ -22,6 +24,7 @@ class ResourceMonitor {
  private:
   struct CpuTimes {
     uint64_t busy = 0, total = 0;
+    long running = 0;  // procs_running: runnable threads system-wide at the read
   };
   CpuTimes read_cpu_times() const;
   static std::vector<int> allowed_cpus();  // this process's affinity mask (sched_getaffinity)

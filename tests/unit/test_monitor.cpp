@@ -2,6 +2,7 @@
 // follows a re-pin (a rank pinned after the monitor was made is measured where it runs).
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -87,6 +88,31 @@ TEST_F(Pinned, FollowsARepin) {
   EXPECT_EQ(m.sample().cpu_avail, 1.0);
   busy_child_on(all_[0], 400);
   EXPECT_LT(m.sample().cpu_avail, 0.5);
+}
+
+// load is the run queue at the moment of the sample (not a minute's average, which would still be near 0 20
+// ms after the children started): two spinning children and the sampling thread are runnable then.
+TEST(Monitor, LoadCountsWhatIsRunnableNow) {
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  std::vector<pid_t> kids;
+  for (int k = 0; k < 2; ++k) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      volatile unsigned long x = 0;
+      while (true) x = x + 1;
+    }
+    kids.push_back(pid);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ResourceMonitor m;
+  const double with_kids = m.sample().load * cpus;
+  for (pid_t pid : kids) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  EXPECT_GE(with_kids, 3.0 - 1e-9);
+  EXPECT_GE(m.sample().load * cpus, 1.0 - 1e-9);  // the sampling thread itself, always runnable when it reads
 }
 
 }  // namespace
