@@ -13,6 +13,8 @@ Settings (each run over every trace in --traces x every seed in --seeds, stress 
           and the shared cores' noise matters less
   sleep   trace replay, the real compute stretched to compute/capacity by sleeping (speed noise = the real
           compute's noise on the shared cores)
+  sleep4k the same with global batch 4096 instead of 256: iterations of tens of ms, as on a real cluster, so the
+          shared cores' scheduling noise (quanta of a few ms) is small against the compute
   stress  real stress-ng co-tenants on ranks 1 and 3 switching on and off every PERIOD s (exogenous inputs from
           /proc); only with --stress. All 4 ranks share both cores, so the co-tenants slow every rank.
   *-tick  with --tick S: the same trace settings replayed by iteration (the replay clock advances S s per
@@ -40,7 +42,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREDICTORS = ["narx", "arima", "ema", "last"]
-ORDER = ["heavy", "linear", "sleep", "stress", "pinned"]
+ORDER = ["heavy", "linear", "sleep", "sleep4k", "stress", "pinned"]
 
 
 def setting_of(run_name):
@@ -159,10 +161,11 @@ def main():
                 sys.exit(f"telemetry_eval: no trace '{t}' (relative to {ROOT}; set --traces)")
         settings = [s for s in a.settings.split(",") if s]
         for setting in settings:
-            costs = {"linear": ";gpu=0:0:0.0003:1000000", "heavy": ";gpu=0:0:0.001:1000000", "sleep": ""}
+            costs = {"linear": ";gpu=0:0:0.0003:1000000", "heavy": ";gpu=0:0:0.001:1000000", "sleep": "",
+                     "sleep4k": ""}
             if setting not in costs:
-                sys.exit(f"telemetry_eval: unknown setting '{setting}' (linear, heavy, sleep; --stress adds "
-                         "stress)")
+                sys.exit(f"telemetry_eval: unknown setting '{setting}' (linear, heavy, sleep, sleep4k; --stress "
+                         "adds stress)")
             cost = costs[setting] + (f";tick={a.tick:g}" if a.tick > 0 else "")
             label = setting + ("-tick" if a.tick > 0 else "")
             for t in traces:
@@ -170,7 +173,8 @@ def main():
                 for seed in [int(s) for s in a.seeds.split(",") if s]:
                     name = f"{label}-{family}-s{seed}"
                     spec = f"trace:{t};scale={a.scale:g};seed={seed}{cost}"
-                    runs.append((label, name, record(a, name, spec, seed, runs_dir)))
+                    batch = 4096 if setting == "sleep4k" else 256
+                    runs.append((label, name, record(a, name, spec, seed, runs_dir, global_batch=batch)))
         if a.stress:
             for period in [p for p in a.periods.split(",") if p]:
                 name = f"stress-p{period}"
