@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/experiments/telemetry_eval.py end to end on a tiny recording: a trace of this test's own (capacity steps
-# every 0.5 s of replay), replayed by iteration (--tick) under the heavy setting, 4 ranks, 60 iterations; the
-# predictors are scored on the run's telemetry (table b) and telemetry_limits.py reads the same folder. Then
+# every 0.5 s of replay), replayed by iteration (--tick) under the heavy and sleep4k settings, 4 ranks, 60
+# iterations; the predictors are scored on the run's telemetry (table b) and telemetry_limits.py reads the same
+# folder. Then
 # --eval-only re-scores the recorded run to the same table.
 source "$(dirname "$0")/common.sh"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -19,10 +20,14 @@ with open(sys.argv[1], "w") as f:
         f.write(f"{i * 0.5},{(0.3, 1.0, 0.6, 0.8)[(i * 7 + i // 3) % 4]}\n")
 PY
 timeout 240 $PY "$ROOT/scripts/experiments/telemetry_eval.py" --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
-  --traces "$SCRATCH/traces/steps_test" --seeds 1 --settings heavy --tick 0.1 --iterations 60 \
+  --traces "$SCRATCH/traces/steps_test" --seeds 1 --settings heavy,sleep4k --tick 0.1 --iterations 60 \
   --out "$SCRATCH/te" >"$SCRATCH/log.txt" 2>&1 || { cat "$SCRATCH/log.txt"; fail "telemetry_eval.py failed"; }
 [[ -s $SCRATCH/te/runs/heavy-tick-steps-s1/telemetry.h5 ]] || fail "no telemetry recorded under runs/heavy-tick-steps-s1"
 grep -q "tick=0.1" "$SCRATCH/te/runs/heavy-tick-steps-s1/command.txt" || fail "--tick did not reach --straggle"
+grep -q -- "--global-batch 256 " "$SCRATCH/te/runs/heavy-tick-steps-s1/command.txt" || fail "heavy: not global batch 256"
+grep -q -- "--global-batch 4096 " "$SCRATCH/te/runs/sleep4k-tick-steps-s1/command.txt" ||
+  fail "sleep4k: not global batch 4096"
+grep -q "^| sleep4k-tick | 1 |" "$SCRATCH/te/table_b.md" || fail "no sleep4k-tick row in table (b)"
 
 $PY - "$SCRATCH/te/table_b.md" <<'PY'
 import sys
