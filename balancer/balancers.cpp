@@ -83,6 +83,29 @@ class BalancerBase : public Balancer {
     const double c = exo[static_cast<size_t>(k)];
     return std::isfinite(c) && c > 0.0 && c <= 1.0 ? c : kNaN;
   }
+  // A worker given 0 samples is tracked through its capacity signal, which brings it back when its capacity
+  // rises; but if it is hopeless even at full capacity (a fixed cost per iteration, such as a co-tenant's
+  // scheduling delay, outlasted the others' whole batch while it was measured), nothing would ever bring it
+  // back. Such workers get one sample each every kProbeEvery iterations, all in the same iteration so that
+  // the probes cost one slow iteration in kProbeEvery however many there are. `one_sample_s(i)` is worker i's
+  // predicted time for one sample at capacity 1, `iteration_s` the planned iteration's predicted time.
+  // Returns the probed workers (their bounds.min raised to 1; the caller assigns again).
+  static constexpr int64_t kProbeEvery = 64;
+  template <class OneSampleSeconds>
+  std::vector<size_t> probe_hopeless(const IterationReport& report, const std::vector<int64_t>& batch,
+                                     double iteration_s, OneSampleSeconds one_sample_s,
+                                     BatchBounds& bounds) const {
+    std::vector<size_t> probed;
+    if (report.iteration % kProbeEvery != kProbeEvery - 1 || cfg_.global_batch < static_cast<int64_t>(n()))
+      return probed;
+    for (size_t i = 0; i < n(); ++i) {
+      if (batch[i] != 0 || report.workers[i].batch != 0 || bounds.max[i] < 1) continue;
+      if (!(one_sample_s(i) > iteration_s)) continue;  // its capacity signal can still bring it back
+      bounds.min[i] = 1;
+      probed.push_back(i);
+    }
+    return probed;
+  }
   std::vector<int64_t> equal_split(const BatchBounds& bounds) const {
     return assign_by_speed(std::vector<double>(n(), 1.0), cfg_.global_batch, bounds);
   }
@@ -278,7 +301,13 @@ class LbbspCpuBalancer final : public BalancerBase {
       if (std::isnan(speeds[i]) && tracked) predicted_[i] = signal_base_[i] * cap_next;
       if (tracked) bounds.min[i] = std::min(cfg_.min_batch, bounds.max[i]);
     });
-    return assign_by_speed(predicted_, cfg_.global_batch, bounds);
+    std::vector<int64_t> batch = assign_by_speed(predicted_, cfg_.global_batch, bounds);
+    double iteration_s = 0;
+    for (size_t i = 0; i < n(); ++i)
+      if (batch[i] > 0 && predicted_[i] > 0) iteration_s = std::max(iteration_s, batch[i] / predicted_[i]);
+    const auto probed = probe_hopeless(
+        report, batch, iteration_s, [&](size_t i) { return 1.0 / signal_base_[i]; }, bounds);
+    return probed.empty() ? batch : assign_by_speed(predicted_, cfg_.global_batch, bounds);
   }
   std::vector<double> predicted_speeds() const override { return predicted_; }
   std::string save_state() const override {
@@ -523,6 +552,13 @@ class LbbspGpuModelBalancer final : public BalancerBase {
       if (tracked) bounds.min[i] = std::min(cfg_.min_batch, bounds.max[i]);
     }
     std::vector<int64_t> batch = assign_by_curve(curves, cfg_.global_batch, bounds);
+    double iteration_s = 0;
+    for (size_t i = 0; i < n(); ++i) iteration_s = std::max(iteration_s, curves[i].time(batch[i]));
+    const auto probed = probe_hopeless(
+        report, batch, iteration_s, [&](size_t i) { return shapes_[i].time(1.0); }, bounds);
+    // A probed worker's old points describe a cost that may have gone: its curve restarts from the probe.
+    for (size_t i : probed) points_[i].clear();
+    if (!probed.empty()) batch = assign_by_curve(curves, cfg_.global_batch, bounds);
     speeds_.resize(n());
     for (size_t i = 0; i < n(); ++i) {
       const double t = curves[i].time(static_cast<double>(batch[i]));

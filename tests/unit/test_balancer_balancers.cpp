@@ -314,6 +314,42 @@ TEST(CurveFit, RecoversAHingeAndFallsBackSafely) {
   EXPECT_EQ(fit_time_curve({{kNaN, 1}, {-1, 1}, {3, kInf}}).slope_s_per_sample, 0.0);
 }
 
+// A worker idled because of a fixed cost its capacity signal does not show (even one sample took longer than
+// the others' whole batch) is probed with one sample now and then, so it is used again once that cost has
+// gone; while the cost lasts the probes are rare (one iteration in 64).
+TEST(Balancers, IdleWorkersAreProbedAndComeBackWhenTheirFixedCostGoes) {
+  for (const std::string name : {"lbbsp-cpu:last", "lbbsp-gpu-model"}) {
+    const size_t n = 4, T = 300, cured = 120;
+    auto cfg = config(name, n, 512);
+    auto bal = make_balancer(cfg);
+    auto batch = bal->initial();
+    int idle_probes = 0;
+    int64_t first_idle = -1, back = -1;
+    for (size_t t = 0; t < T; ++t) {
+      IterationReport r;
+      r.iteration = static_cast<int64_t>(t);
+      r.workers.resize(n);
+      for (size_t i = 0; i < n; ++i) {
+        // 1e5 samples/s each; worker 3 also pays 10 ms per iteration with samples until `cured`.
+        const double fixed = i == 3 && t < cured && batch[i] > 0 ? 0.010 : 0.0;
+        r.workers[i].batch = batch[i];
+        r.workers[i].compute_s = fixed + static_cast<double>(batch[i]) / 1e5;
+        r.workers[i].exo = {1.0};  // the capacity signal never shows the fixed cost
+      }
+      batch = bal->next(r);
+      if (batch[3] == 0 && first_idle < 0) first_idle = static_cast<int64_t>(t);
+      if (t >= 40 && t < cured && batch[3] > 0) ++idle_probes;
+      if (t >= cured && back < 0 && batch[3] >= 100) back = static_cast<int64_t>(t);
+    }
+    EXPECT_GE(first_idle, 0) << name << ": the hopeless worker was never idled";
+    EXPECT_LT(first_idle, 40) << name;
+    EXPECT_LE(idle_probes, 2) << name << ": probed too often while hopeless";
+    EXPECT_GE(back, 0) << name << ": never used again after its fixed cost went";
+    EXPECT_LE(back, static_cast<int64_t>(cured) + 64 + 4) << name;
+    EXPECT_GE(batch[3], 100) << name;  // equal speeds again: about 128 each
+  }
+}
+
 TEST(Balancers, GpuModelDropsFloorBoundStragglersOnlyWhenItCanTrackThem) {
   const size_t n = 4, T = 12;
   Cluster c = gpu_cluster(n, T, 9);
