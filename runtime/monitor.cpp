@@ -65,19 +65,18 @@ ResourceMonitor::CpuTimes ResourceMonitor::read_cpu_times() const {
 
 ResourceMetrics ResourceMonitor::sample() {
   ResourceMetrics m;
-  if (std::vector<int> cpus = allowed_cpus(); cpus != cpus_) {
-    // Pinned elsewhere since the last sample: the old baseline counts other CPUs, so start afresh (this
-    // sample reports cpu_avail 1).
-    cpus_ = std::move(cpus);
-    last_ = read_cpu_times();
-    last_own_s_ = own_cpu_seconds();
-  }
+  // Pinned elsewhere since the last sample: the old baseline counts other CPUs, so start afresh and report
+  // cpu_avail 1 (not the few microseconds to the next read: a 10 ms tick landing in them read as 0 under
+  // load).
+  std::vector<int> cpus = allowed_cpus();
+  const bool repinned = cpus != cpus_;
+  if (repinned) cpus_ = std::move(cpus);
   CpuTimes now = read_cpu_times();
   double own = own_cpu_seconds(), wall = wall_seconds();
   double total_s = static_cast<double>(now.total - last_.total) / ticks_per_s_;
   double busy_s = static_cast<double>(now.busy - last_.busy) / ticks_per_s_;
   double others_s = std::max(0.0, busy_s - (own - last_own_s_));
-  if (total_s > 0) m.cpu_avail = std::clamp(1.0 - others_s / total_s, 0.0, 1.0);
+  if (total_s > 0 && !repinned) m.cpu_avail = std::clamp(1.0 - others_s / total_s, 0.0, 1.0);
   last_ = now;
   last_own_s_ = own;
   last_wall_s_ = wall;
