@@ -88,16 +88,18 @@ class BalancerBase : public Balancer {
   // scheduling delay, outlasted the others' whole batch while it was measured), nothing would ever bring it
   // back. Such workers get one sample each every kProbeEvery iterations, all in the same iteration so that
   // the probes cost one slow iteration in kProbeEvery however many there are. `one_sample_s(i)` is worker i's
-  // predicted time for one sample at capacity 1, `iteration_s` the planned iteration's predicted time.
-  // Returns the probed workers (their bounds.min raised to 1; the caller assigns again).
+  // predicted time for one sample at capacity 1, `iteration_s()` the planned iteration's predicted time (only
+  // evaluated in a probe iteration). Returns the probed workers (their bounds.min raised to 1; the caller
+  // assigns again).
   static constexpr int64_t kProbeEvery = 64;
-  template <class OneSampleSeconds>
+  template <class IterationSeconds, class OneSampleSeconds>
   std::vector<size_t> probe_hopeless(const IterationReport& report, const std::vector<int64_t>& batch,
-                                     double iteration_s, OneSampleSeconds one_sample_s,
+                                     IterationSeconds iteration_seconds, OneSampleSeconds one_sample_s,
                                      BatchBounds& bounds) const {
     std::vector<size_t> probed;
     if (report.iteration % kProbeEvery != kProbeEvery - 1 || cfg_.global_batch < static_cast<int64_t>(n()))
       return probed;
+    const double iteration_s = iteration_seconds();
     for (size_t i = 0; i < n(); ++i) {
       if (batch[i] != 0 || report.workers[i].batch != 0 || bounds.max[i] < 1) continue;
       if (!(one_sample_s(i) > iteration_s)) continue;  // its capacity signal can still bring it back
@@ -302,9 +304,12 @@ class LbbspCpuBalancer final : public BalancerBase {
       if (tracked) bounds.min[i] = std::min(cfg_.min_batch, bounds.max[i]);
     });
     std::vector<int64_t> batch = assign_by_speed(predicted_, cfg_.global_batch, bounds);
-    double iteration_s = 0;
-    for (size_t i = 0; i < n(); ++i)
-      if (batch[i] > 0 && predicted_[i] > 0) iteration_s = std::max(iteration_s, batch[i] / predicted_[i]);
+    const auto iteration_s = [&] {
+      double worst = 0;
+      for (size_t i = 0; i < n(); ++i)
+        if (batch[i] > 0 && predicted_[i] > 0) worst = std::max(worst, batch[i] / predicted_[i]);
+      return worst;
+    };
     const auto probed = probe_hopeless(
         report, batch, iteration_s, [&](size_t i) { return 1.0 / signal_base_[i]; }, bounds);
     return probed.empty() ? batch : assign_by_speed(predicted_, cfg_.global_batch, bounds);
@@ -552,8 +557,11 @@ class LbbspGpuModelBalancer final : public BalancerBase {
       if (tracked) bounds.min[i] = std::min(cfg_.min_batch, bounds.max[i]);
     }
     std::vector<int64_t> batch = assign_by_curve(curves, cfg_.global_batch, bounds);
-    double iteration_s = 0;
-    for (size_t i = 0; i < n(); ++i) iteration_s = std::max(iteration_s, curves[i].time(batch[i]));
+    const auto iteration_s = [&] {
+      double worst = 0;
+      for (size_t i = 0; i < n(); ++i) worst = std::max(worst, curves[i].time(static_cast<double>(batch[i])));
+      return worst;
+    };
     const auto probed = probe_hopeless(
         report, batch, iteration_s, [&](size_t i) { return shapes_[i].time(1.0); }, bounds);
     // A probed worker's old points describe a cost that may have gone: its curve restarts from the probe.

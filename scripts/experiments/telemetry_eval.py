@@ -43,6 +43,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREDICTORS = ["narx", "arima", "ema", "last"]
 ORDER = ["heavy", "linear", "sleep", "sleep4k", "stress", "pinned"]
+# Trace-replay settings: (emulated cost appended to the --straggle spec, global batch).
+TRACE_SETTINGS = {"linear": (";gpu=0:0:0.0003:1000000", 256), "heavy": (";gpu=0:0:0.001:1000000", 256),
+                  "sleep": ("", 256), "sleep4k": ("", 4096)}
 
 
 def setting_of(run_name):
@@ -161,19 +164,17 @@ def main():
                 sys.exit(f"telemetry_eval: no trace '{t}' (relative to {ROOT}; set --traces)")
         settings = [s for s in a.settings.split(",") if s]
         for setting in settings:
-            costs = {"linear": ";gpu=0:0:0.0003:1000000", "heavy": ";gpu=0:0:0.001:1000000", "sleep": "",
-                     "sleep4k": ""}
-            if setting not in costs:
-                sys.exit(f"telemetry_eval: unknown setting '{setting}' (linear, heavy, sleep, sleep4k; --stress "
+            if setting not in TRACE_SETTINGS:
+                sys.exit(f"telemetry_eval: unknown setting '{setting}' ({', '.join(TRACE_SETTINGS)}; --stress "
                          "adds stress)")
-            cost = costs[setting] + (f";tick={a.tick:g}" if a.tick > 0 else "")
+            cost, batch = TRACE_SETTINGS[setting]
+            cost += f";tick={a.tick:g}" if a.tick > 0 else ""
             label = setting + ("-tick" if a.tick > 0 else "")
             for t in traces:
                 family = os.path.basename(os.path.normpath(t)).split("_")[0]
                 for seed in [int(s) for s in a.seeds.split(",") if s]:
                     name = f"{label}-{family}-s{seed}"
                     spec = f"trace:{t};scale={a.scale:g};seed={seed}{cost}"
-                    batch = 4096 if setting == "sleep4k" else 256
                     runs.append((label, name, record(a, name, spec, seed, runs_dir, global_batch=batch)))
         if a.stress:
             for period in [p for p in a.periods.split(",") if p]:

@@ -2,8 +2,7 @@
 # scripts/experiments/telemetry_eval.py end to end on a tiny recording: a trace of this test's own (capacity steps
 # every 0.5 s of replay), replayed by iteration (--tick) under the heavy and sleep4k settings, 4 ranks, 60
 # iterations; the predictors are scored on the run's telemetry (table b) and telemetry_limits.py reads the same
-# folder. Then
-# --eval-only re-scores the recorded run to the same table.
+# folder. Then --eval-only re-scores the recorded runs to the same table.
 source "$(dirname "$0")/common.sh"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PY=/usr/bin/python3
