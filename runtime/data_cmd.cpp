@@ -4,6 +4,7 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "runtime/cli_checks.hpp"
 #include "runtime/commands.hpp"
 #include "runtime/dataset.hpp"
 #include "runtime/traces.hpp"
@@ -29,11 +30,11 @@ void add_data_command(CLI::App& app) {
   static int features = 0, classes = 10;
   static uint64_t seed = 1;
   static std::string sout;
-  syn->add_option("--samples", samples, "Training samples")->required()->check(CLI::PositiveNumber);
+  syn->add_option("--samples", samples, "Training samples")->required()->check(kPositive);
   syn->add_option("--test-samples", test_samples, "Test samples (default: samples/6)");
   syn->add_option("--features", features, "Features per sample (a perfect square is stored as an image)")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(kPositive);
   syn->add_option("--classes", classes, "Classes")->check(CLI::Range(2, 256))->capture_default_str();
   syn->add_option("--seed", seed, "Seed")->capture_default_str();
   syn->add_option("--out", sout, "HDF5 file to write")->required();

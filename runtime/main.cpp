@@ -26,6 +26,10 @@ int main(int argc, char** argv) {
       "lbbsp: straggler-free synchronous data-parallel training (LB-BSP semi-dynamic load balancing)"};
   app.set_version_flag("--version", std::string("lbbsp ") + LBBSP_VERSION);
   app.require_subcommand(1);
+  app.set_config("--config", "",
+                 "Read flags from a TOML file, one section per subcommand ([train] global-batch = 512); "
+                 "flags on the command line win. `lbbsp train --log-dir DIR` writes DIR/config.toml");
+  app.allow_config_extras(CLI::config_extras_mode::error);  // a misspelt key must not be ignored silently
   lbbsp::cli::add_train_command(app);
   lbbsp::cli::add_data_command(app);
   lbbsp::cli::add_info_command(app);
@@ -33,6 +37,23 @@ int main(int argc, char** argv) {
   lbbsp::cli::add_simulate_command(app);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ConfigError& e) {
+    if (lbbsp::runtime::launcher_rank() != 0) return e.get_exit_code();
+    std::string what = e.what();
+    const std::string unknown = "INI was not able to parse ";
+    if (what.rfind(unknown, 0) == 0)
+      what = "unknown key '" + what.substr(unknown.size()) +
+             "' (keys are the long flag names without dashes, in the subcommand's section: [train] then "
+             "global-batch = 512; see `lbbsp train --help`)";
+    std::fprintf(stderr, "lbbsp: error: --config: %s\n", what.c_str());
+    return 2;
+  } catch (const CLI::FileError& e) {  // only --config reads a file while parsing
+    if (lbbsp::runtime::launcher_rank() != 0) return e.get_exit_code();
+    std::string what = e.what();
+    const std::string suffix = " was not readable (missing?)";
+    if (what.ends_with(suffix)) what = "cannot read '" + what.substr(0, what.size() - suffix.size()) + "'";
+    std::fprintf(stderr, "lbbsp: error: --config: %s: give an existing TOML file\n", what.c_str());
+    return 2;
   } catch (const CLI::ParseError& e) {
     // Under mpirun every rank parses the same flags: only the first one reports a bad flag.
     if (lbbsp::runtime::launcher_rank() != 0) return e.get_exit_code();

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "runtime/cli_checks.hpp"
 #include "runtime/commands.hpp"
 #include "runtime/simulator.hpp"
 #include "runtime/traces.hpp"
@@ -38,7 +39,7 @@ void add_simulate_command(CLI::App& app) {
       ->check(CLI::IsMember({"cpu", "gpu"}))
       ->capture_default_str();
   cmd->add_option("--global-batch", c.global_batch, "Global batch X (0: 32 per worker)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--predictor", c.predictor, "Predictor for lbbsp-cpu entries without their own")
       ->capture_default_str();
@@ -49,38 +50,38 @@ void add_simulate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--time-scale", c.time_scale_s,
                   "Simulated seconds per trace sample (0: one trace sample per iteration)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--sample-cost", c.sample_cost_s,
                   "CPU seconds per sample at full capacity (fastest worker)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--heterogeneity", c.heterogeneity, "Slowest / fastest base cost (uniform in [1, H])")
       ->check(CLI::Range(1.0, 1e9))
       ->capture_default_str();
   cmd->add_option("--gpu-floor", c.gpu_floor_s, "GPU seconds for any batch up to saturation")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--gpu-sat", c.gpu_sat_batch, "GPU saturation batch (samples)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--gpu-slope", c.gpu_slope_s, "GPU seconds per sample above saturation")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--mem-factor", c.mem_factor, "GPU memory cap = F * X / N * U(0.75, 1.25) samples")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--grad-bytes", c.grad_bytes, "Gradient bytes per allreduce")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--bandwidth", c.bandwidth_Bps, "Link bandwidth, bytes/s (10 GbE = 1.25e9)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   cmd->add_option("--latency", c.latency_s, "Per-message latency, seconds")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_option("--min-batch", c.min_batch, "Minimum samples per worker for every balancer")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   cmd->add_flag("--exo-next", c.exo_next,
                 "Tell predictors the coming step's capacity (known co-tenant load)");

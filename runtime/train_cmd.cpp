@@ -1,9 +1,12 @@
 // `lbbsp train`: one rank or many under mpirun/srun. Any error on any rank ends the whole job.
 #include <chrono>
 #include <cstdio>
+#include <sstream>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
+#include "runtime/cli_checks.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/commands.hpp"
 #include "runtime/trainer.hpp"
@@ -40,34 +43,29 @@ void add_train_command(CLI::App& app) {
   t->add_option("--hidden", c.hidden, "MLP hidden widths, e.g. 256,128")
       ->delimiter(',')
       ->capture_default_str();
-  t->add_option("--epochs", c.epochs, "Epochs")->check(CLI::PositiveNumber)->capture_default_str();
+  t->add_option("--epochs", c.epochs, "Epochs")->check(kPositive)->capture_default_str();
   t->add_option("--global-batch", c.global_batch, "Global batch X (sum of all ranks' batches)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
-  t->add_option("--lr", c.lr, "Learning rate")->check(CLI::PositiveNumber)->capture_default_str();
+  t->add_option("--lr", c.lr, "Learning rate")->check(kPositive)->capture_default_str();
   t->add_option("--momentum", c.momentum, "SGD momentum")
       ->check(CLI::Range(0.0, 0.9999))
       ->capture_default_str();
-  t->add_option("--weight-decay", c.weight_decay, "Weight decay")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  t->add_option("--weight-decay", c.weight_decay, "Weight decay")->check(kNonNegative)->capture_default_str();
   t->add_option("--lr-schedule", c.lr_schedule, "constant | step:EVERY:GAMMA | cosine")
       ->capture_default_str();
   t->add_option("--warmup-iterations", c.warmup_iterations, "Linear learning-rate warm-up")
-      ->check(CLI::NonNegativeNumber)
+      ->check(kNonNegative)
       ->capture_default_str();
   t->add_option("--seed", c.seed, "Seed (initialisation, data order, emulation)")
-      ->check(CLI::NonNegativeNumber)  // an unsigned option would silently wrap "-1"
+      ->check(kNonNegative)  // an unsigned option would silently wrap "-1"
       ->capture_default_str();
-  t->add_option("--threads", c.threads, "Kernel threads per rank")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  t->add_option("--threads", c.threads, "Kernel threads per rank")->check(kPositive)->capture_default_str();
   t->add_option("--max-iterations", c.max_iterations, "Stop after K iterations (0: no limit)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   t->add_option("--train-subset", c.train_subset, "Use only the first N training samples")
-      ->check(CLI::NonNegativeNumber);
-  t->add_option("--test-subset", c.test_subset, "Evaluate on the first N test samples")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
+  t->add_option("--test-subset", c.test_subset, "Evaluate on the first N test samples")->check(kNonNegative);
   t->add_option("--data-memory-mb", c.data_memory_mb,
                 "Load a split into memory when it fits in this many MiB")
       ->capture_default_str();
@@ -77,7 +75,7 @@ void add_train_command(CLI::App& app) {
   t->add_option("--predictor", c.predictor,
                 "Speed predictor for lbbsp-cpu: narx | arima | ema | last | oracle")
       ->capture_default_str();
-  t->add_option("--min-batch", c.min_batch, "Smallest batch any rank gets")->check(CLI::NonNegativeNumber);
+  t->add_option("--min-batch", c.min_batch, "Smallest batch any rank gets")->check(kNonNegative);
   t->add_option("--lag", c.lag, "0: decide after each allreduce; 1: decide one iteration ahead, overlapped")
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
@@ -94,29 +92,43 @@ void add_train_command(CLI::App& app) {
   t->add_option("--inject-fault", c.inject_fault, "RANK:ITERATION:KIND (throw|abort|nan|hang), for tests");
   t->add_option("--iteration-timeout", c.iteration_timeout_s,
                 "End the job when a rank makes no progress this long (s)")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   t->add_option("--eval-every", c.eval_every, "Evaluate every N iterations (0: after each epoch)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   t->add_option("--target-accuracy", c.target_accuracy,
                 "Report the training time to reach this test accuracy")
       ->check(CLI::Range(0.0, 1.0));
   t->add_option("--progress-every", c.progress_every, "Progress line every N iterations")
-      ->check(CLI::NonNegativeNumber);
+      ->check(kNonNegative);
   t->add_flag("--quiet", c.quiet, "Print nothing but errors");
   t->add_option(
       "--checkpoint-dir", c.checkpoint_dir,
       "Write checkpoints (ckpt-<iteration>.h5) here, and at the end of the run; --resume reads them");
-  t->add_option("--checkpoint-every", c.checkpoint_every, "Checkpoint every N iterations")
-      ->check(CLI::PositiveNumber);
+  t->add_option("--checkpoint-every", c.checkpoint_every, "Checkpoint every N iterations")->check(kPositive);
   t->add_option("--checkpoint-keep", c.checkpoint_keep, "Keep the newest K checkpoints")
-      ->check(CLI::PositiveNumber)
+      ->check(kPositive)
       ->capture_default_str();
   t->add_flag(
       "--resume", c.resume,
       "Continue from the newest valid checkpoint in --checkpoint-dir (same model, global batch, data, seed)");
 
-  t->callback([] {
+  // `lbbsp train --config FILE` reaches the main app's --config (main.cpp), which fills the [train] section.
+  t->fallthrough();
+  t->footer(
+      "--config FILE: read flags from a TOML file, section [train], keys the long flag names (global-batch = "
+      "512); "
+      "flags on the command line win. --log-dir DIR writes DIR/config.toml, which repeats the run.");
+  t->allow_config_extras(CLI::config_extras_mode::error);
+  t->callback([t] {
+    // Every flag's value as a --config file, for --log-dir: re-running with it reproduces the run.
+    // Lines `key=""` are options left unset without a default (or set to ""): reading them back would fail.
+    c.config_toml = "# lbbsp " LBBSP_VERSION
+                    ": `lbbsp train --config THIS_FILE` repeats the run; flags given on "
+                    "the command line win\n[train]\n";
+    std::istringstream lines(t->config_to_str(true, false));
+    for (std::string line; std::getline(lines, line);)
+      if (!line.ends_with("=\"\"")) c.config_toml += line + "\n";
     int argc = 0;
     char** argv = nullptr;
     runtime::Comm comm(&argc, &argv);

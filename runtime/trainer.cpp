@@ -240,6 +240,12 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     std::error_code ec;
     std::filesystem::create_directories(cfg.log_dir, ec);
     if (ec) throw std::invalid_argument("--log-dir: cannot create '" + cfg.log_dir + "': " + ec.message());
+    if (root && !cfg.config_toml.empty()) {
+      const auto path = std::filesystem::path(cfg.log_dir) / "config.toml";
+      std::ofstream out(path);
+      out << cfg.config_toml;
+      if (!out.flush()) throw std::invalid_argument("--log-dir: cannot write '" + path.string() + "'");
+    }
   }
   for (auto [flag, path] : {std::pair{"--summary-json", cfg.summary_json},
                             {"--save-params", cfg.save_params},

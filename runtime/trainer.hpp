@@ -36,6 +36,7 @@ struct TrainConfig {
   int lag = 0;
   std::string straggle = "none";
   std::string log_dir;
+  std::string config_toml;  // the run's flags as a `--config` file; written to log_dir/config.toml when set
   bool csv = false;
   std::string timeline;
   std::string summary_json;

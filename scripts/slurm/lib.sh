@@ -36,10 +36,22 @@ lbbsp_init() {
   local ntasks=${SLURM_NTASKS:-1}
   TASKS_PER_NODE=$(((ntasks + NNODES - 1) / NNODES))
 
-  MODEL=${MODEL:-logreg}
-  EPOCHS=${EPOCHS:-1}
-  LR=${LR:-0.1}
-  SEED=${SEED:-1}
+  # CONFIG: an `lbbsp train --config` file (e.g. a run's logs/config.toml). With it, only the settings given in the
+  # environment become flags (they win over the file); without it, these defaults do.
+  CONFIG=${CONFIG:-}
+  if [[ -n $CONFIG ]]; then
+    [[ -r $CONFIG ]] || lbbsp_die "CONFIG=$CONFIG is not a readable file (it must be on a filesystem every node sees)"
+    CONFIG=$(cd "$(dirname "$CONFIG")" && pwd)/$(basename "$CONFIG")
+  else
+    MODEL=${MODEL:-logreg}
+    EPOCHS=${EPOCHS:-1}
+    LR=${LR:-0.1}
+    SEED=${SEED:-1}
+  fi
+  MODEL=${MODEL:-}
+  EPOCHS=${EPOCHS:-}
+  LR=${LR:-}
+  SEED=${SEED:-}
   MAX_ITERATIONS=${MAX_ITERATIONS:-}
   BALANCER=${BALANCER:-}
   PREDICTOR=${PREDICTOR:-}
@@ -64,6 +76,12 @@ lbbsp_data() {
     [[ -r $DATA ]] || lbbsp_die "DATA=$DATA is not a readable file (it must be on a filesystem every node sees)"
     return 0
   fi
+  if [[ -n $CONFIG ]]; then
+    grep -qE '^[[:space:]]*data[[:space:]]*=' "$CONFIG" ||
+      lbbsp_die "CONFIG=$CONFIG has no 'data = ...' key: add one under [train] or set DATA=/path/to/data.h5"
+    DATA=
+    return 0
+  fi
   DATA=$1/synth.h5
   [[ -s $DATA ]] && return 0
   lbbsp_log "no DATA given: writing a synthetic dataset to $DATA"
@@ -77,9 +95,14 @@ lbbsp_data() {
 lbbsp_train() {
   local ranks=$1 gbatch=$2 out=$3
   mkdir -p "$out"
-  local args=(train --data "$DATA" --model "$MODEL" --epochs "$EPOCHS" --global-batch "$gbatch" --lr "$LR"
-    --seed "$SEED" --threads "$THREADS" --bind "$LBBSP_BIND" --log-dir "$out/logs"
-    --summary-json "$out/summary.json")
+  local args=(train --threads "$THREADS" --bind "$LBBSP_BIND" --log-dir "$out/logs" --summary-json "$out/summary.json")
+  [[ -n $CONFIG ]] && args+=(--config "$CONFIG")
+  [[ -n $DATA ]] && args+=(--data "$DATA")
+  [[ -n $MODEL ]] && args+=(--model "$MODEL")
+  [[ -n $EPOCHS ]] && args+=(--epochs "$EPOCHS")
+  [[ -n $gbatch ]] && args+=(--global-batch "$gbatch")
+  [[ -n $LR ]] && args+=(--lr "$LR")
+  [[ -n $SEED ]] && args+=(--seed "$SEED")
   [[ -n $MAX_ITERATIONS ]] && args+=(--max-iterations "$MAX_ITERATIONS")
   [[ -n $BALANCER ]] && args+=(--balancer "$BALANCER")
   [[ -n $PREDICTOR ]] && args+=(--predictor "$PREDICTOR")

@@ -7,13 +7,14 @@ T=(train --data "$DATA" --global-batch 16 --max-iterations 2 --quiet)
 "$LBBSP" "${T[@]}" || fail "the baseline command must succeed"  # so each failure below is the bad value's
 
 # Numbers out of range (CLI11 checks and the trainer's own).
-expect_fail "threads: Value 0 not in range" "$LBBSP" "${T[@]}" --threads 0
-expect_fail "epochs: Value 0 not in range" "$LBBSP" "${T[@]}" --epochs 0
-expect_fail "lr: Value -1 not in range" "$LBBSP" "${T[@]}" --lr -1
-expect_fail "lr must be a positive number" "$LBBSP" "${T[@]}" --lr nan
+expect_fail "threads: 0 must be > 0" "$LBBSP" "${T[@]}" --threads 0
+expect_fail "epochs: 0 must be > 0" "$LBBSP" "${T[@]}" --epochs 0
+expect_fail "lr: -1 must be > 0" "$LBBSP" "${T[@]}" --lr -1
+expect_fail "lr: 'nan' is not a finite number" "$LBBSP" "${T[@]}" --lr nan
+expect_fail "lr: 'inf' is not a finite number" "$LBBSP" "${T[@]}" --lr inf
 expect_fail "momentum: Value 2 not in range" "$LBBSP" "${T[@]}" --momentum 2
-expect_fail "weight-decay: Value -1 not in range" "$LBBSP" "${T[@]}" --weight-decay -1
-expect_fail "warmup-iterations: Value -5 not in range" "$LBBSP" "${T[@]}" --warmup-iterations -5
+expect_fail "weight-decay: -1 must be >= 0" "$LBBSP" "${T[@]}" --weight-decay -1
+expect_fail "warmup-iterations: -5 must be >= 0" "$LBBSP" "${T[@]}" --warmup-iterations -5
 expect_fail "hidden: widths must be positive, got 0" "$LBBSP" "${T[@]}" --hidden 0
 expect_fail "Could not convert: --hidden = 32,abc" "$LBBSP" "${T[@]}" --hidden 32,abc
 expect_fail "bind: socket not in \{core,none\}" "$LBBSP" "${T[@]}" --bind socket
@@ -31,16 +32,16 @@ expect_fail "gpu-params: gpu not in" "$LBBSP" "${T[@]}" --gpu-params gpu
 expect_fail "gpu-allreduce: nccl not in" "$LBBSP" "${T[@]}" --gpu-allreduce nccl
 expect_fail "gpu-allreduce cuda-aware needs the gradient on the GPU: use it with --gpu-params device" \
   "$LBBSP" "${T[@]}" --gpu-params host --gpu-allreduce cuda-aware
-expect_fail "eval-every: Value -1 not in range" "$LBBSP" "${T[@]}" --eval-every -1
-expect_fail "iteration-timeout: Value 0 not in range" "$LBBSP" "${T[@]}" --iteration-timeout 0
-expect_fail "checkpoint-every: Value 0 not in range" "$LBBSP" "${T[@]}" --checkpoint-every 0
-expect_fail "checkpoint-keep: Value 0 not in range" "$LBBSP" "${T[@]}" --checkpoint-keep 0
-expect_fail "max-iterations: Value -1 not in range" "$LBBSP" "${T[@]}" --max-iterations -1
-expect_fail "train-subset: Value -3 not in range" "$LBBSP" "${T[@]}" --train-subset -3
-expect_fail "min-batch: Value -1 not in range" "$LBBSP" "${T[@]}" --min-batch -1
+expect_fail "eval-every: -1 must be >= 0" "$LBBSP" "${T[@]}" --eval-every -1
+expect_fail "iteration-timeout: 0 must be > 0" "$LBBSP" "${T[@]}" --iteration-timeout 0
+expect_fail "checkpoint-every: 0 must be > 0" "$LBBSP" "${T[@]}" --checkpoint-every 0
+expect_fail "checkpoint-keep: 0 must be > 0" "$LBBSP" "${T[@]}" --checkpoint-keep 0
+expect_fail "max-iterations: -1 must be >= 0" "$LBBSP" "${T[@]}" --max-iterations -1
+expect_fail "train-subset: -3 must be >= 0" "$LBBSP" "${T[@]}" --train-subset -3
+expect_fail "min-batch: -1 must be >= 0" "$LBBSP" "${T[@]}" --min-batch -1
 expect_fail "target-accuracy: Value 1.5 not in range" "$LBBSP" "${T[@]}" --target-accuracy 1.5
-expect_fail "global-batch: Value abc not in range" "$LBBSP" "${T[@]}" --global-batch abc
-expect_fail "seed: Value -1 not in range" "$LBBSP" "${T[@]}" --seed -1
+expect_fail "global-batch: 'abc' is not a finite number" "$LBBSP" "${T[@]}" --global-batch abc
+expect_fail "seed: -1 must be >= 0" "$LBBSP" "${T[@]}" --seed -1
 expect_fail "min batch 100 x 1 workers exceeds the global batch 16" "$LBBSP" "${T[@]}" --min-batch 100
 expect_fail "schedule .step:0:0.1.: EVERY must be positive" "$LBBSP" "${T[@]}" --lr-schedule step:0:0.1
 expect_fail "inject-fault 'x': expected RANK:ITERATION:KIND" "$LBBSP" "${T[@]}" --inject-fault x
@@ -90,6 +91,6 @@ expect_fail "--data is required" "$LBBSP" train --model logreg
 # Subcommands and flags that do not exist.
 expect_fail "A subcommand is required" "$LBBSP" nosuch
 expect_fail "frobnicate" "$LBBSP" "${T[@]}" --frobnicate
-expect_fail "samples: Value 0 not in range" "$LBBSP" data synth --samples 0 --features 4 --out "$SCRATCH/x.h5"
+expect_fail "samples: 0 must be > 0" "$LBBSP" data synth --samples 0 --features 4 --out "$SCRATCH/x.h5"
 expect_fail "out.*required" "$LBBSP" data synth --samples 10 --features 4
 echo "bad input tests passed"

@@ -44,9 +44,10 @@ late = r["iteration"] >= 20
 b = [r["batch"][late & (r["rank"] == i)].mean() for i in range(4)]
 print("mean batch per rank over the last 20 iterations:", [round(x, 1) for x in b])
 # Capacities 1, 1, 0.5, 0.25. On an overloaded host a slow rank's scheduling delay, stretched 2-4x, can outlast
-# the fast ranks' whole batch even for one sample: then lbbsp-cpu idles ranks 2 and 3 (probing them now and then).
+# the fast ranks' whole batch even for one sample: then lbbsp-cpu idles rank 2 or 3 or both (probing them now and
+# then; seen under ctest -j2 beside the Slurm tests: [233.8, 237.65, 0.2, 40.35]). Two working slow ranks keep order.
 assert min(b[0], b[1]) > 1.5 * max(b[2], b[3]), b
-assert b[2] > 1.2 * b[3] or max(b[2], b[3]) < 2, b
+assert b[2] > 1.2 * b[3] or min(b[2], b[3]) < 2, b
 for it in range(40):
     assert r["batch"][r["iteration"] == it].sum() == 512
 assert np.allclose(r["capacity"][r["rank"] == 3], 0.25)
@@ -57,6 +58,35 @@ print("balanced run ok")
 PY
 
 # Bad flags and specs: clear message, non-zero exit.
+# --log-dir writes the run's flags as config.toml; `--config` of it repeats the run (2 ranks, BSP, same checksum),
+# and a flag given on the command line wins over the file.
+mpirun_n 2 "$LBBSP" train --data "$SCRATCH/f.h5" --model mlp --hidden 32,16 --global-batch 128 --lr 0.03 \
+  --max-iterations 12 --test-subset 500 --straggle "static:1,0.5;seed=4" --log-dir "$SCRATCH/cfg_a" \
+  --summary-json "$SCRATCH/cfg_a/s.json" --quiet
+grep -q '^hidden=\[32, 16\]$' "$SCRATCH/cfg_a/config.toml" || fail "config.toml lacks the run's --hidden"
+grep -q '^straggle="static:1,0.5;seed=4"$' "$SCRATCH/cfg_a/config.toml" || fail "config.toml lacks the --straggle"
+mpirun_n 2 "$LBBSP" train --config "$SCRATCH/cfg_a/config.toml" --log-dir "$SCRATCH/cfg_b" \
+  --summary-json "$SCRATCH/cfg_b/s.json"
+"$LBBSP" train --config "$SCRATCH/cfg_a/config.toml" --max-iterations 3 --log-dir "$SCRATCH/cfg_c" \
+  --summary-json "$SCRATCH/cfg_c/s.json"
+/usr/bin/python3 - "$SCRATCH" <<'PY'
+import json, sys
+a, b, c = (json.load(open(f"{sys.argv[1]}/cfg_{x}/s.json")) for x in "abc")
+assert b["params_checksum"] == a["params_checksum"] and b["iterations"] == 12 and b["ranks"] == 2, (a, b)
+assert b["global_batch"] == 128 and b["straggle"] == a["straggle"], b
+assert c["iterations"] == 3 and c["ranks"] == 1, c
+print("ok: --config repeats the run from its config.toml; the command line wins")
+PY
+diff <(grep -v '^log-dir=\|^summary-json=' "$SCRATCH/cfg_a/config.toml") \
+  <(grep -v '^log-dir=\|^summary-json=' "$SCRATCH/cfg_b/config.toml") || fail "the repeated run's config.toml differs"
+printf '[train]\ndata = "%s"\nglobal-bach = 64\n' "$SCRATCH/f.h5" >"$SCRATCH/typo.toml"
+expect_fail "config: unknown key 'train.global-bach'" "$LBBSP" train --config "$SCRATCH/typo.toml"
+printf 'data = "%s"\n' "$SCRATCH/f.h5" >"$SCRATCH/nosection.toml"
+expect_fail "config: unknown key 'data'.*\\[train\\]" "$LBBSP" train --config "$SCRATCH/nosection.toml"
+expect_fail "config: cannot read '$SCRATCH/none.toml'" "$LBBSP" train --config "$SCRATCH/none.toml"
+printf '[train]\ndata = "%s"\nlr = -1\n' "$SCRATCH/f.h5" >"$SCRATCH/neg.toml"
+expect_fail "lr: -1 must be > 0" "$LBBSP" train --config "$SCRATCH/neg.toml"
+
 T=(train --data "$SCRATCH/f.h5" --max-iterations 1 --quiet)
 expect_fail "model: .*not in" "$LBBSP" "${T[@]}" --model resnet
 expect_fail "global-batch" "$LBBSP" "${T[@]}" --global-batch 0

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Slurm integration test: starts a private single-node Slurm (munged, slurmctld, slurmd; tests/slurm/minicluster.sh),
-# submits scripts/slurm/train.sbatch twice with sbatch -- srun --mpi=pmix with 2 ranks x 2 CPUs, and mpirun with
-# 4 ranks (more ranks than cores: --overcommit) -- waits for both (bounded), and checks job state, exit-code file,
-# summary JSON, and that both runs trained the same model (same parameters up to float summation order).
+# submits scripts/slurm/train.sbatch with sbatch -- srun --mpi=pmix with 2 ranks x 2 CPUs, and mpirun with
+# 4 ranks (more ranks than cores: --overcommit) -- and a third with CONFIG (an `lbbsp train --config` file), waits for
+# all (bounded), and checks job state, exit-code file, summary JSON, and that the runs trained the same model (same
+# parameters up to float summation order).
 # Needs root and the Debian packages slurm-wlm munge iproute2 (scripts/setup.sh). Usage: $0 LBBSP SCRATCH
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tests/slurm/single_node_setup.sh
@@ -20,7 +21,15 @@ job_srun=$(cd "$SCRATCH" && env -u LBBSP_ROOT "${common[@]}" LAUNCHER=srun \
 job_mpirun=$(cd "$SCRATCH" && env "${common[@]}" LBBSP_ROOT="$SRC" LAUNCHER=mpirun MPIRUN_BIND=none \
   timeout 30 sbatch --parsable -J lbbsp-mpirun -n 4 --overcommit -t 5 -o "$SCRATCH/job-mpirun-%j.out" \
   "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (mpirun variant) refused the job"
-echo "submitted jobs $job_srun (srun, 2 ranks) and $job_mpirun (mpirun, 4 ranks)"
+# CONFIG: the training flags from an `lbbsp train --config` file; a setting in the environment wins over it
+# (MAX_ITERATIONS here against the file's 999), and none of the script's defaults (model logreg, lr 0.1) is passed.
+printf '[train]\ndata = "%s"\nmodel = "logreg"\nepochs = 1\nlr = 0.2\nseed = 11\nglobal-batch = %s\nmax-iterations = 999\n' \
+  "$SCRATCH/data.h5" "$batch" >"$SCRATCH/run.toml"
+job_config=$(cd "$SCRATCH" && env LBBSP_BIN="$LBBSP" RESULTS_DIR="$SCRATCH/results" CONFIG=run.toml \
+  "MAX_ITERATIONS=$iters" SAVE_PARAMS=1 LBBSP_ROOT="$SRC" LAUNCHER=srun \
+  timeout 30 sbatch --parsable -J lbbsp-config -n 2 --overcommit -t 5 -o "$SCRATCH/job-config-%j.out" \
+  "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (CONFIG variant) refused the job"
+echo "submitted jobs $job_srun (srun, 2 ranks), $job_mpirun (mpirun, 4 ranks) and $job_config (CONFIG, 2 ranks)"
 # One budget for all jobs (they run side by side), so that the test ends well inside CTest's 600 s.
 JOBS_BUDGET=300
 deadline=$((SECONDS + JOBS_BUDGET))
@@ -43,6 +52,11 @@ check_job() { # check_job JOBID NAME RANKS
 }
 check_job "$job_srun" srun 2
 check_job "$job_mpirun" mpirun 4
+check_job "$job_config" config 2
+cfg_cmd=$(cat "$SCRATCH/results/train-$job_config/command.sh")
+grep -q -- "--config $SCRATCH/run.toml" <<<"$cfg_cmd" || fail "CONFIG variant did not pass --config: $cfg_cmd"
+! grep -qE -- '--(model|lr|data|global-batch) ' <<<"$cfg_cmd" ||
+  fail "CONFIG variant passed settings that were not in the environment: $cfg_cmd"
 { grep -q -- '--cpus-per-task=2' "$SCRATCH/results/train-$job_srun/command.sh" &&
   grep -q -- '--threads 2' "$SCRATCH/results/train-$job_srun/command.sh"; } ||
   fail "srun variant did not pass 2 CPUs per task on to srun and lbbsp: $(cat "$SCRATCH/results/train-$job_srun/command.sh")"
@@ -54,3 +68,7 @@ grep -qE '^mpirun ' "$SCRATCH/results/train-$job_mpirun/command.sh" || fail "mpi
   "$SCRATCH/results/train-$job_mpirun/summary.json" --rtol 1e-5 \
   --params "$SCRATCH/results/train-$job_srun/params.h5" "$SCRATCH/results/train-$job_mpirun/params.h5" ||
   fail "the 2-rank (srun) and 4-rank (mpirun) jobs disagree"
+"$PYTHON" "$here/check_results.py" compare "$SCRATCH/results/train-$job_srun/summary.json" \
+  "$SCRATCH/results/train-$job_config/summary.json" --rtol 1e-5 \
+  --params "$SCRATCH/results/train-$job_srun/params.h5" "$SCRATCH/results/train-$job_config/params.h5" ||
+  fail "the job configured by CONFIG trained a different model from the one configured by the environment"
