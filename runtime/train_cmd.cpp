@@ -1,6 +1,7 @@
 // `lbbsp train`: one rank or many under mpirun/srun. Any error on any rank ends the whole job.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -129,18 +130,22 @@ void add_train_command(CLI::App& app) {
     std::istringstream lines(t->config_to_str(true, false));
     for (std::string line; std::getline(lines, line);)
       if (!line.ends_with("=\"\"")) c.config_toml += line + "\n";
-    int argc = 0;
-    char** argv = nullptr;
-    runtime::Comm comm(&argc, &argv);
-    try {
-      runtime::run_training(c, comm);
-    } catch (const std::invalid_argument& e) {
-      // Bad configuration is the same on every rank: let rank 0 say it once; the others follow its abort.
-      if (!comm.is_root()) std::this_thread::sleep_for(std::chrono::seconds(3));
-      comm.abort(e.what(), 2);
-    } catch (const std::exception& e) {
-      comm.abort(e.what(), 1);
-    }
+    int status = 0;
+    {
+      int argc = 0;
+      char** argv = nullptr;
+      runtime::Comm comm(&argc, &argv);
+      try {
+        status = runtime::run_training(c, comm);
+      } catch (const std::invalid_argument& e) {
+        // Bad configuration is the same on every rank: let rank 0 say it once; the others follow its abort.
+        if (!comm.is_root()) std::this_thread::sleep_for(std::chrono::seconds(3));
+        comm.abort(e.what(), 2);
+      } catch (const std::exception& e) {
+        comm.abort(e.what(), 1);
+      }
+    }                                    // MPI is finalised here
+    if (status != 0) std::exit(status);  // stopped by a signal: the run did not finish
   });
 }
 

@@ -29,6 +29,7 @@
 #include "runtime/h5.hpp"
 #include "runtime/monitor.hpp"
 #include "runtime/step_engine.hpp"
+#include "runtime/stop_signal.hpp"
 #include "runtime/straggler.hpp"
 #include "runtime/telemetry.hpp"
 #include "runtime/topology.hpp"
@@ -44,7 +45,7 @@ double seconds_since(Clock::time_point t0) {
 
 // Per-rank fields riding in the gradient allreduce buffer (rank i writes only its own slot; the sum delivers
 // every slot to every rank without an extra message).
-enum Slot { kCompute = 0, kCpu, kMem, kLoad, kCapacity, kRealCompute, kSlotFields };
+enum Slot { kCompute = 0, kCpu, kMem, kLoad, kCapacity, kRealCompute, kStop, kSlotFields };
 
 struct Fault {
   int rank = -1;
@@ -211,7 +212,7 @@ std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) 
   return p;
 }
 
-void run_training(const TrainConfig& cfg, Comm& comm) {
+int run_training(const TrainConfig& cfg, Comm& comm) {
   const int R = comm.size(), me = comm.rank();
   const bool root = comm.is_root();
   const Fault fault = parse_fault(cfg.inject_fault, R);
@@ -327,7 +328,8 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   comm.bcast(&setup_error);
   if (!setup_error.empty()) {
     if (root) throw std::invalid_argument(setup_error);
-    return comm.barrier();  // rank 0 aborts the job with the message
+    comm.barrier();  // rank 0 aborts the job with the message
+    return 1;
   }
   comm.bcast(batch.data(), R);
 
@@ -424,7 +426,8 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     comm.bcast(&error);
     if (!error.empty()) {
       if (root) throw std::invalid_argument(error);
-      return comm.barrier();  // rank 0 aborts the job with the message
+      comm.barrier();  // rank 0 aborts the job with the message
+      return 1;
     }
     if (!root) st.params.resize(P), st.velocity.resize(P);
     comm.bcast(st.params.data(), P);
@@ -514,6 +517,9 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     }
   };
 
+  StopSignals stop_signals;
+  int stop_sig =
+      0;  // the first stop signal any rank received, the same on every rank (it rides in the allreduce)
   comm.barrier();
   const auto t0 =
       Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(train_time));
@@ -568,6 +574,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     slot[kLoad] = static_cast<float>(metrics.load);
     slot[kCapacity] = static_cast<float>(straggler.capacity(me, replay_now));
     slot[kRealCompute] = static_cast<float>(real_s);
+    slot[kStop] = static_cast<float>(stop_signals.received());
 
     double coord_s = 0;
     if (root && cfg.lag == 1) {
@@ -585,6 +592,8 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     const double ar_s = seconds_since(t_ar);
 
     const double loss_sum = buf[off_stats], correct = buf[off_stats + 1];
+    for (int r = 0; r < R && !stop_sig; ++r)
+      stop_sig = static_cast<int>(buf[off_slots + r * kSlotFields + kStop]);
     if (!std::isfinite(loss_sum)) {
       throw std::runtime_error("training loss is " + std::string(std::isnan(loss_sum) ? "NaN" : "Inf") +
                                " at iteration " + std::to_string(it) + " (epoch " + std::to_string(epoch) +
@@ -715,7 +724,8 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     }
     if (epoch_end) epoch_loss = 0, epoch_samples = 0, epoch_correct = 0;
     const bool ckpt_due = cfg.checkpoint_every > 0 && (it + 1) % cfg.checkpoint_every == 0;
-    if (!cfg.checkpoint_dir.empty() && (ckpt_due || it + 1 == total)) {
+    const bool stopping = stop_sig != 0 && it + 1 < total;  // on the last iteration the run is simply done
+    if (!cfg.checkpoint_dir.empty() && (ckpt_due || it + 1 == total || stopping)) {
       watchdog.beat(it, "checkpoint");
       if (root) save_checkpoint(it + 1);
     }
@@ -738,6 +748,17 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
       }
       std::fflush(stdout);
     }
+    if (stopping) {
+      if (root) {
+        std::fprintf(stderr, "lbbsp: %s: stopped after iteration %lld of %lld; %s\n", signal_name(stop_sig),
+                     static_cast<long long>(it + 1), static_cast<long long>(total),
+                     cfg.checkpoint_dir.empty()
+                         ? "no --checkpoint-dir, so a new run starts from the beginning"
+                         : ("checkpoint in '" + cfg.checkpoint_dir + "': continue with --resume").c_str());
+      }
+      ++it;
+      break;
+    }
   }
   watchdog.beat(it, "finish");
   straggler.stop_cotenant();
@@ -753,7 +774,9 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
     throw std::runtime_error("parameters differ across ranks after training (checksums " +
                              std::to_string(mn) + " vs " + std::to_string(mx) + ")");
 
-  if (!root) return;
+  // Like a process the signal killed (143 for SIGTERM), so that scripts see that the run did not finish.
+  const int exit_status = stop_sig != 0 && it < total ? 128 + stop_sig : 0;
+  if (!root) return exit_status;
   if (telemetry) telemetry->flush();
   if (timeline) timeline->flush();
   const double wall = seconds_since(t0);
@@ -784,6 +807,7 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   s["time_to_target_s"] = time_to_target >= 0 ? nlohmann::json(time_to_target) : nlohmann::json(nullptr);
   s["accuracy_curve"] = curve;
   s["params_checksum"] = wsum;
+  s["stopped_by"] = exit_status ? nlohmann::json(signal_name(stop_sig)) : nlohmann::json(nullptr);
   if (!cfg.summary_json.empty()) {
     std::ofstream out(cfg.summary_json);
     if (!out) throw std::runtime_error("--summary-json: cannot write '" + cfg.summary_json + "'");
@@ -792,12 +816,13 @@ void run_training(const TrainConfig& cfg, Comm& comm) {
   if (!cfg.save_params.empty()) save_params(cfg.save_params, *model, params, cfg, it);
   if (!cfg.quiet) {
     std::printf(
-        "done: %lld iterations in %.2f s (%.0f samples/s), mean iteration %.4f s, wait %.1f%%, "
+        "%s: %lld iterations in %.2f s (%.0f samples/s), mean iteration %.4f s, wait %.1f%%, "
         "coordination %.2f%%, test accuracy %.4f\n",
-        static_cast<long long>(it), wall, s["samples_per_s"].get<double>(),
+        exit_status ? "stopped" : "done", static_cast<long long>(it), wall, s["samples_per_s"].get<double>(),
         s["mean_iteration_s"].get<double>(), 100 * s["wait_fraction"].get<double>(),
         100 * s["balancer_overhead_fraction"].get<double>(), last_test_acc);
   }
+  return exit_status;
 }
 
 }  // namespace lbbsp::runtime

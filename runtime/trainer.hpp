@@ -55,7 +55,10 @@ struct TrainConfig {
 };
 
 // Runs the whole training on this rank. Throws on any error (the caller aborts the job with the message).
-void run_training(const TrainConfig& cfg, Comm& comm);
+// Returns 0, or 128 + the signal when a SIGTERM, SIGINT or SIGUSR1 stopped it early
+// (runtime/stop_signal.hpp): then every rank stopped after the same iteration and the checkpoint, if any, is
+// written.
+int run_training(const TrainConfig& cfg, Comm& comm);
 
 // Fisher-Yates with our own index draw, so the permutation is the same on every platform and library.
 std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);

@@ -20,7 +20,7 @@ Comm::~Comm() {}
 void Comm::abort(const std::string&, int) const {
   __builtin_trap();
 }
-void run_training(const TrainConfig&, Comm&) {
+int run_training(const TrainConfig&, Comm&) {
   __builtin_trap();
 }
 }  // namespace lbbsp::runtime
