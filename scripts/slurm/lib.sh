@@ -57,6 +57,12 @@ lbbsp_init() {
   PREDICTOR=${PREDICTOR:-}
   STRAGGLE=${STRAGGLE:-}
   SAVE_PARAMS=${SAVE_PARAMS:-0}
+  CHECKPOINT_DIR=${CHECKPOINT_DIR:-}
+  CHECKPOINT_EVERY=${CHECKPOINT_EVERY:-}
+  if [[ -n $CHECKPOINT_DIR ]]; then
+    mkdir -p "$CHECKPOINT_DIR" || lbbsp_die "cannot create CHECKPOINT_DIR=$CHECKPOINT_DIR (it must be shared)"
+    CHECKPOINT_DIR=$(cd "$CHECKPOINT_DIR" && pwd)
+  fi
   TRAIN_ARGS=${TRAIN_ARGS:-}
   # The launcher binds (srun --cpu-bind, mpirun --bind-to), so lbbsp's own hwloc binding stays off by default.
   LBBSP_BIND=${LBBSP_BIND:-none}
@@ -108,6 +114,12 @@ lbbsp_train() {
   [[ -n $PREDICTOR ]] && args+=(--predictor "$PREDICTOR")
   [[ -n $STRAGGLE ]] && args+=(--straggle "$STRAGGLE")
   [[ $SAVE_PARAMS == 1 ]] && args+=(--save-params "$out/params.h5")
+  if [[ -n $CHECKPOINT_DIR ]]; then
+    args+=(--checkpoint-dir "$CHECKPOINT_DIR")
+    [[ -n $CHECKPOINT_EVERY ]] && args+=(--checkpoint-every "$CHECKPOINT_EVERY")
+    # A checkpoint there is an earlier job of the same run (stopped by its time limit, preempted, crashed).
+    compgen -G "$CHECKPOINT_DIR/ckpt-*.h5" >/dev/null && args+=(--resume)
+  fi
   local extra=()
   [[ -n $TRAIN_ARGS ]] && read -ra extra <<<"$TRAIN_ARGS"
   args+=("${extra[@]}")
@@ -134,8 +146,18 @@ lbbsp_train() {
   printf '%q ' "${cmd[@]}" >"$out/command.sh"
   echo >>"$out/command.sh"
   lbbsp_log "run: $(cat "$out/command.sh")"
-  local rc=0
-  "${cmd[@]}" 2>&1 | tee "$out/train.log" || rc=${PIPESTATUS[0]}
+  # In the background, so that this shell can pass on a SIGUSR1 sent to it alone (sbatch --signal=B:USR1@SECONDS):
+  # srun and mpirun forward it to the ranks, which checkpoint and stop together (exit 138).
+  local rc=0 pid
+  "${cmd[@]}" > >(tee "$out/train.log") 2>&1 &
+  pid=$!
+  trap 'lbbsp_log "SIGUSR1: passing it on to the ranks"; kill -USR1 "$pid" 2>/dev/null || true' USR1
+  while true; do
+    rc=0
+    wait "$pid" || rc=$?
+    kill -0 "$pid" 2>/dev/null || break # else wait was cut short by the trap
+  done
+  trap - USR1
   if ((rc == 0)) && [[ ! -s $out/summary.json ]]; then
     echo "lbbsp-slurm: error: $LAUNCHER exited 0 but no $out/summary.json was written (see the output above)" >&2
     rc=3

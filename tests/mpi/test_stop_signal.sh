@@ -67,7 +67,7 @@ launcher=$(pgrep -f -- "^[^ ]*$(basename "$MPIEXEC") -n 2 .*ck_usr1" | head -n 1
 kill -USR1 "$launcher"
 expect_exit $job 138 "SIGUSR1 to mpirun (pid $launcher)"
 grep -qE 'SIGUSR1: stopped after iteration [0-9]+' "$SCRATCH/usr1.log" || fail "no SIGUSR1 stop: $(cat "$SCRATCH/usr1.log")"
-ls "$SCRATCH/ck_usr1" | grep -q '^ckpt-.*\.h5$' || fail "SIGUSR1 stop wrote no checkpoint"
+compgen -G "$SCRATCH/ck_usr1/ckpt-*.h5" >/dev/null || fail "SIGUSR1 stop wrote no checkpoint"
 
 # 4. SIGINT, one process, no --checkpoint-dir: the summary says so; the message says what is lost.
 "$LBBSP" "${BASE[@]}" "${SLOW[@]}" --summary-json "$SCRATCH/int.json" >"$SCRATCH/int.log" 2>&1 &

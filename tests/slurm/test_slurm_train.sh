@@ -72,3 +72,41 @@ grep -qE '^mpirun ' "$SCRATCH/results/train-$job_mpirun/command.sh" || fail "mpi
   "$SCRATCH/results/train-$job_config/summary.json" --rtol 1e-5 \
   --params "$SCRATCH/results/train-$job_srun/params.h5" "$SCRATCH/results/train-$job_config/params.h5" ||
   fail "the job configured by CONFIG trained a different model from the one configured by the environment"
+
+# Time limits: SIGUSR1 to the batch shell alone (what `sbatch --signal=B:USR1@SECONDS` sends) reaches the ranks
+# through train.sbatch and srun; they checkpoint into CHECKPOINT_DIR and stop (exit 138); the next job with the
+# same CHECKPOINT_DIR resumes at that iteration.
+ck=(LBBSP_BIN="$LBBSP" DATA="$SCRATCH/data.h5" RESULTS_DIR="$SCRATCH/results" MODEL=logreg EPOCHS=1000 LR=0.2 SEED=11
+  "GLOBAL_BATCH=$batch" CHECKPOINT_DIR="$SCRATCH/ckpt" LBBSP_ROOT="$SRC" LAUNCHER=srun)
+job_long=$(cd "$SCRATCH" && env "${ck[@]}" MAX_ITERATIONS=100000 TRAIN_ARGS="--progress-every 1" \
+  STRAGGLE="static:1;gpu=0.005:1000000:0:1000000" \
+  timeout 30 sbatch --parsable -J lbbsp-long -n 2 --overcommit -t 5 -o "$SCRATCH/job-long-%j.out" \
+  "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (CHECKPOINT_DIR variant) refused the job"
+log=$SCRATCH/results/train-$job_long/train.log
+n=
+for _ in $(seq 600); do
+  n=$(grep -oE '^iteration [0-9]+/' "$log" 2>/dev/null | tail -n 1 | grep -oE '[0-9]+') || true
+  [[ -n $n ]] && ((n >= 30)) && break
+  sleep 0.1
+done
+[[ -n $n ]] && ((n >= 30)) || fail "job $job_long made no progress to iteration 30: $(cat "$log" 2>&1)"
+timeout 10 scancel --signal=USR1 --batch "$job_long" || fail "scancel --signal=USR1 --batch $job_long failed"
+state=$(minicluster_wait "$job_long" 60) || fail "job $job_long did not stop within 60 s of SIGUSR1"
+cat "$SCRATCH/job-long-$job_long.out"
+[[ $(cat "$SCRATCH/results/train-$job_long/exit_code") == 138 ]] ||
+  fail "job $job_long ($state): exit_code $(cat "$SCRATCH/results/train-$job_long/exit_code"), expected 138"
+stopped=$(grep -oE 'SIGUSR1: stopped after iteration [0-9]+' "$log" | grep -oE '[0-9]+$') ||
+  fail "job $job_long: no stop message in $log"
+[[ -f $SCRATCH/ckpt/$(printf 'ckpt-%012d.h5' "$stopped") ]] || fail "no checkpoint of iteration $stopped"
+job_resume=$(cd "$SCRATCH" && env "${ck[@]}" MAX_ITERATIONS=$((stopped + 10)) \
+  timeout 30 sbatch --parsable -J lbbsp-resume -n 2 --overcommit -t 5 -o "$SCRATCH/job-resume-%j.out" \
+  "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (resume) refused the job"
+state=$(minicluster_wait "$job_resume" 120) || fail "job $job_resume did not finish"
+[[ $state == COMPLETED ]] || fail "job $job_resume ended $state: $(cat "$SCRATCH/job-resume-$job_resume.out")"
+grep -q -- '--resume' "$SCRATCH/results/train-$job_resume/command.sh" || fail "the second job did not pass --resume"
+"$PYTHON" - "$SCRATCH/results/train-$job_resume/summary.json" "$stopped" <<'PY'
+import json, sys
+s, stopped = json.load(open(sys.argv[1])), int(sys.argv[2])
+assert s["start_iteration"] == stopped and s["iterations"] == stopped + 10 and s["stopped_by"] is None, s
+print(f"ok: SIGUSR1 to the batch shell stopped the run at iteration {stopped}; the next job resumed there")
+PY
