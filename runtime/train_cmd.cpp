@@ -117,16 +117,17 @@ void add_train_command(CLI::App& app) {
   // `lbbsp train --config FILE` reaches the main app's --config (main.cpp), which fills the [train] section.
   t->fallthrough();
   t->footer(
-      "--config FILE: read flags from a TOML file, section [train], keys the long flag names (global-batch = "
-      "512); "
-      "flags on the command line win. --log-dir DIR writes DIR/config.toml, which repeats the run.");
+      "--config FILE: read flags from a TOML file, section [train], keys the long flag names "
+      "(global-batch = 512); flags on the command line win. --log-dir DIR writes DIR/config.toml, which "
+      "repeats the run. SIGTERM, SIGUSR1 or SIGINT stop every rank after the same iteration, with a "
+      "checkpoint when --checkpoint-dir is given; exit status 128 + the signal.");
   t->allow_config_extras(CLI::config_extras_mode::error);
   t->callback([t] {
     // Every flag's value as a --config file, for --log-dir: re-running with it reproduces the run.
     // Lines `key=""` are options left unset without a default (or set to ""): reading them back would fail.
     c.config_toml = "# lbbsp " LBBSP_VERSION
-                    ": `lbbsp train --config THIS_FILE` repeats the run; flags given on "
-                    "the command line win\n[train]\n";
+                    ": `lbbsp train --config THIS_FILE` repeats the run; flags given on the command line "
+                    "win\n[train]\n";
     std::istringstream lines(t->config_to_str(true, false));
     for (std::string line; std::getline(lines, line);)
       if (!line.ends_with("=\"\"")) c.config_toml += line + "\n";

@@ -37,7 +37,8 @@ kill -TERM "$victim"
 expect_exit $job 143 "SIGTERM to rank pid $victim"
 stopped=$(grep -oE 'SIGTERM: stopped after iteration [0-9]+ of 32000; checkpoint in' "$SCRATCH/term.log" |
   grep -oE 'iteration [0-9]+' | grep -oE '[0-9]+') || fail "no stop message: $(cat "$SCRATCH/term.log")"
-[[ -f $SCRATCH/ck/$(printf 'ckpt-%012d.h5' "$stopped") ]] || fail "no checkpoint of iteration $stopped: $(ls "$SCRATCH/ck")"
+[[ -f $SCRATCH/ck/$(printf 'ckpt-%012d.h5' "$stopped") ]] ||
+  fail "no checkpoint of iteration $stopped: $(ls "$SCRATCH/ck")"
 /usr/bin/python3 -c "
 import json, sys; s = json.load(open('$SCRATCH/term.json'))
 assert s['stopped_by'] == 'SIGTERM' and s['iterations'] == $stopped, s"
@@ -66,7 +67,8 @@ launcher=$(pgrep -f -- "^[^ ]*$(basename "$MPIEXEC") -n 2 .*ck_usr1" | head -n 1
 [[ -n $launcher ]] || fail "could not find the $MPIEXEC process of the SIGUSR1 run"
 kill -USR1 "$launcher"
 expect_exit $job 138 "SIGUSR1 to mpirun (pid $launcher)"
-grep -qE 'SIGUSR1: stopped after iteration [0-9]+' "$SCRATCH/usr1.log" || fail "no SIGUSR1 stop: $(cat "$SCRATCH/usr1.log")"
+grep -qE 'SIGUSR1: stopped after iteration [0-9]+' "$SCRATCH/usr1.log" ||
+  fail "no SIGUSR1 stop: $(cat "$SCRATCH/usr1.log")"
 compgen -G "$SCRATCH/ck_usr1/ckpt-*.h5" >/dev/null || fail "SIGUSR1 stop wrote no checkpoint"
 
 # 4. SIGINT, one process, no --checkpoint-dir: the summary says so; the message says what is lost.

@@ -23,8 +23,8 @@ job_mpirun=$(cd "$SCRATCH" && env "${common[@]}" LBBSP_ROOT="$SRC" LAUNCHER=mpir
   "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (mpirun variant) refused the job"
 # CONFIG: the training flags from an `lbbsp train --config` file; a setting in the environment wins over it
 # (MAX_ITERATIONS here against the file's 999), and none of the script's defaults (model logreg, lr 0.1) is passed.
-printf '[train]\ndata = "%s"\nmodel = "logreg"\nepochs = 1\nlr = 0.2\nseed = 11\nglobal-batch = %s\nmax-iterations = 999\n' \
-  "$SCRATCH/data.h5" "$batch" >"$SCRATCH/run.toml"
+printf '[train]\ndata = "%s"\nmodel = "logreg"\nepochs = 1\nlr = 0.2\nseed = 11\n' "$SCRATCH/data.h5" >"$SCRATCH/run.toml"
+printf 'global-batch = %s\nmax-iterations = 999\n' "$batch" >>"$SCRATCH/run.toml"
 job_config=$(cd "$SCRATCH" && env LBBSP_BIN="$LBBSP" RESULTS_DIR="$SCRATCH/results" CONFIG=run.toml \
   "MAX_ITERATIONS=$iters" SAVE_PARAMS=1 LBBSP_ROOT="$SRC" LAUNCHER=srun \
   timeout 30 sbatch --parsable -J lbbsp-config -n 2 --overcommit -t 5 -o "$SCRATCH/job-config-%j.out" \
