@@ -32,6 +32,25 @@ PY
 head -1 "$SCRATCH/batches.csv" | grep -q "^balancer,iteration,iteration_s,compute_s,b0,b1,b2,b3,b4,b5$" \
   || fail "trace-out header: $(head -1 "$SCRATCH/batches.csv")"
 
+# The same run from a --config file ([simulate] section); the command line wins over it; a wrong key is an error.
+printf '[simulate]\nworkers = 6\niterations = 40\nbalancers = "bsp,oracle"\nprofile = "cpu"\nseed = 3\n' \
+  >"$SCRATCH/sim.toml"
+cfg_out=$("$LBBSP" simulate --config "$SCRATCH/sim.toml" --traces "$SCRATCH/traces" --format json)
+flag_out=$("$LBBSP" simulate --workers 6 --iterations 40 --balancers bsp,oracle --profile cpu --seed 3 \
+  --traces "$SCRATCH/traces" --format json)
+python3 - "$cfg_out" "$flag_out" <<'PY'
+import json, sys
+a, b = (json.loads(x) for x in sys.argv[1:3])
+assert a["workers"] == 6 and a["iterations"] == 40, a
+strip = lambda j: [{k: v for k, v in r.items() if k != "decision_ms_per_iteration"} for r in j["results"]]
+assert strip(a) == strip(b), (a, b)
+print("ok: simulate --config gives the run its flags give")
+PY
+[[ $("$LBBSP" simulate --config "$SCRATCH/sim.toml" --workers 3 --traces "$SCRATCH/traces" --format json |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["workers"])') == 3 ]] || fail "--workers did not win over --config"
+printf '[simulate]\nworker = 6\n' >"$SCRATCH/typo.toml"
+expect_fail "config: unknown key 'simulate.worker'" "$LBBSP" simulate --config "$SCRATCH/typo.toml" --traces "$SCRATCH/traces"
+
 expect_fail "unknown balancer 'nope'" "$LBBSP" simulate --workers 2 --traces "$SCRATCH/traces" --balancers bsp,nope
 expect_fail "no such trace" "$LBBSP" simulate --workers 2 --traces "$SCRATCH/missing" --balancers bsp
 mkdir -p "$SCRATCH/empty"
