@@ -4,9 +4,35 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <string>
 
 #include "runtime/comm.hpp"
 #include "runtime/commands.hpp"
+
+namespace {
+
+// CLI11's words for a bad --config file, reworded to name the fix; "" when the error is not about --config
+// (only
+// --config reads a file while parsing).
+std::string config_problem(const CLI::ParseError& e) {
+  std::string what = e.what();
+  if (dynamic_cast<const CLI::ConfigError*>(&e)) {
+    const std::string unknown = "INI was not able to parse ";
+    if (what.rfind(unknown, 0) != 0) return what;
+    return "unknown key '" + what.substr(unknown.size()) +
+           "' (keys are the long flag names without dashes, in the subcommand's section: [train] then "
+           "global-batch = 512; see `lbbsp train --help`)";
+  }
+  if (dynamic_cast<const CLI::FileError*>(&e)) {
+    const std::string unreadable = " was not readable (missing?)";
+    if (what.ends_with(unreadable))
+      what = "cannot read '" + what.substr(0, what.size() - unreadable.size()) + "'";
+    return what + ": give an existing TOML file";
+  }
+  return {};
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // OpenMP threads that spin after each parallel region fight OpenBLAS's own threads for the cores (a 50x
@@ -37,26 +63,13 @@ int main(int argc, char** argv) {
   lbbsp::cli::add_simulate_command(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ConfigError& e) {
-    if (lbbsp::runtime::launcher_rank() != 0) return e.get_exit_code();
-    std::string what = e.what();
-    const std::string unknown = "INI was not able to parse ";
-    if (what.rfind(unknown, 0) == 0)
-      what = "unknown key '" + what.substr(unknown.size()) +
-             "' (keys are the long flag names without dashes, in the subcommand's section: [train] then "
-             "global-batch = 512; see `lbbsp train --help`)";
-    std::fprintf(stderr, "lbbsp: error: --config: %s\n", what.c_str());
-    return 2;
-  } catch (const CLI::FileError& e) {  // only --config reads a file while parsing
-    if (lbbsp::runtime::launcher_rank() != 0) return e.get_exit_code();
-    std::string what = e.what();
-    const std::string suffix = " was not readable (missing?)";
-    if (what.ends_with(suffix)) what = "cannot read '" + what.substr(0, what.size() - suffix.size()) + "'";
-    std::fprintf(stderr, "lbbsp: error: --config: %s: give an existing TOML file\n", what.c_str());
-    return 2;
   } catch (const CLI::ParseError& e) {
     // Under mpirun every rank parses the same flags: only the first one reports a bad flag.
     if (lbbsp::runtime::launcher_rank() != 0) return e.get_exit_code();
+    if (auto problem = config_problem(e); !problem.empty()) {
+      std::fprintf(stderr, "lbbsp: error: --config: %s\n", problem.c_str());
+      return 2;
+    }
     return app.exit(e);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "lbbsp: error: %s\n", e.what());
