@@ -518,8 +518,8 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
   };
 
   StopSignals stop_signals;
-  int stop_sig =
-      0;  // the first stop signal any rank received, the same on every rank (it rides in the allreduce)
+  // The first stop signal any rank received: the same on every rank (each rank's rides in the allreduce).
+  int stop_sig = 0;
   comm.barrier();
   const auto t0 =
       Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(train_time));

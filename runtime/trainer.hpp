@@ -57,7 +57,7 @@ struct TrainConfig {
 // Runs the whole training on this rank. Throws on any error (the caller aborts the job with the message).
 // Returns 0, or 128 + the signal when a SIGTERM, SIGINT or SIGUSR1 stopped it early
 // (runtime/stop_signal.hpp): then every rank stopped after the same iteration and the checkpoint, if any, is
-// written.
+// written. (1 on ranks other than 0 after a set-up error, which rank 0 reports by aborting the job.)
 int run_training(const TrainConfig& cfg, Comm& comm);
 
 // Fisher-Yates with our own index draw, so the permutation is the same on every platform and library.

@@ -82,9 +82,7 @@ lbbsp_data() {
     [[ -r $DATA ]] || lbbsp_die "DATA=$DATA is not a readable file (it must be on a filesystem every node sees)"
     return 0
   fi
-  if [[ -n $CONFIG ]]; then
-    grep -qE '^[[:space:]]*data[[:space:]]*=' "$CONFIG" ||
-      lbbsp_die "CONFIG=$CONFIG has no 'data = ...' key: add one under [train] or set DATA=/path/to/data.h5"
+  if [[ -n $CONFIG ]]; then # the file's `data` (lbbsp says "--data is required" when it has none)
     DATA=
     return 0
   fi
