@@ -10,9 +10,9 @@ BASE=(train --data "$DATA" --model mlp --hidden 32 --epochs 500 --global-batch 3
       --test-subset 64 --progress-every 1)
 # An emulated slow device keeps the run going while we signal it (5 ms per iteration at least).
 SLOW=(--straggle "static:1;gpu=0.005:1000000:0:1000000")
-wait_for_iteration() { # wait_for_iteration LOG K: until LOG shows progress at iteration K or later (10 s at most)
+wait_for_iteration() { # wait_for_iteration LOG K: until LOG shows progress at iteration K or later (30 s at most)
   local n
-  for _ in $(seq 100); do
+  for _ in $(seq 300); do
     n=$(grep -oE '^iteration [0-9]+/' "$1" 2>/dev/null | tail -n 1 | grep -oE '[0-9]+') || true
     [[ -n $n ]] && ((n >= $2)) && return 0
     sleep 0.1
@@ -85,7 +85,10 @@ import json; s = json.load(open('$SCRATCH/int.json')); assert s['stopped_by'] ==
 "$LBBSP" "${BASE[@]}" --straggle "static:1;gpu=3:1000000:0:1000000" --summary-json "$SCRATCH/twice.json" \
   >"$SCRATCH/twice.log" 2>&1 &
 job=$!
-sleep 1.5  # in the first iteration (set-up takes well under a second), which lasts 3 s
+# Signal inside the second iteration: set-up can outlast a fixed sleep (ASan on a loaded machine), and a signal
+# then would kill the process before the handler is installed, passing this check without testing it.
+wait_for_iteration "$SCRATCH/twice.log" 1
+sleep 0.5
 kill -TERM $job
 sleep 0.3
 kill -TERM $job
