@@ -815,12 +815,15 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
   }
   if (!cfg.save_params.empty()) save_params(cfg.save_params, *model, params, cfg, it);
   if (!cfg.quiet) {
+    // A run stopped by a signal before its first evaluation has no accuracy to show (not "nan").
+    char acc[64] = "no test evaluation yet";
+    if (!std::isnan(last_test_acc)) std::snprintf(acc, sizeof acc, "test accuracy %.4f", last_test_acc);
     std::printf(
         "%s: %lld iterations in %.2f s (%.0f samples/s), mean iteration %.4f s, wait %.1f%%, "
-        "coordination %.2f%%, test accuracy %.4f\n",
+        "coordination %.2f%%, %s\n",
         exit_status ? "stopped" : "done", static_cast<long long>(it), wall, s["samples_per_s"].get<double>(),
         s["mean_iteration_s"].get<double>(), 100 * s["wait_fraction"].get<double>(),
-        100 * s["balancer_overhead_fraction"].get<double>(), last_test_acc);
+        100 * s["balancer_overhead_fraction"].get<double>(), acc);
   }
   return exit_status;
 }

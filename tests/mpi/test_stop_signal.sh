@@ -78,6 +78,8 @@ wait_for_iteration "$SCRATCH/int.log" 30
 kill -INT $job
 expect_exit $job 130 "SIGINT to a single process"
 grep -q 'SIGINT: stopped after iteration .* no --checkpoint-dir' "$SCRATCH/int.log" || fail "$(cat "$SCRATCH/int.log")"
+# Stopped inside the first epoch, before any evaluation: no "test accuracy nan" in the last line.
+grep -qE '^stopped: [0-9]+ iterations .*, no test evaluation yet$' "$SCRATCH/int.log" || fail "$(cat "$SCRATCH/int.log")"
 /usr/bin/python3 -c "
 import json; s = json.load(open('$SCRATCH/int.json')); assert s['stopped_by'] == 'SIGINT', s"
 
