@@ -98,7 +98,7 @@ lbbsp_data() {
 # command.sh and exit_code. Returns the launcher's exit status (non-zero also when no summary was written).
 lbbsp_train() {
   local ranks=$1 gbatch=$2 out=$3
-  mkdir -p "$out"
+  mkdir -p "$out" || lbbsp_die "cannot create the run folder '$out'"
   local args=(train --threads "$THREADS" --bind "$LBBSP_BIND" --log-dir "$out/logs" --summary-json "$out/summary.json")
   [[ -n $CONFIG ]] && args+=(--config "$CONFIG")
   [[ -n $DATA ]] && args+=(--data "$DATA")
@@ -163,6 +163,28 @@ lbbsp_train() {
   echo "$rc" >"$out/exit_code"
   lbbsp_log "ranks=$ranks global_batch=$gbatch exit=$rc -> $out"
   return "$rc"
+}
+
+# lbbsp_requeue SUMMARY: puts this job back in the queue (scontrol requeue; Slurm starts the batch script again,
+# which resumes from CHECKPOINT_DIR), unless the run in SUMMARY got no further than it started: then a requeue
+# would only repeat itself (the warning comes before the first iteration ends), so it says so and leaves it.
+lbbsp_requeue() {
+  local summary=$1 start stop
+  start=$(grep -oE '"start_iteration": [0-9]+' "$summary" 2>/dev/null | grep -oE '[0-9]+$') || start=
+  stop=$(grep -oE '"iterations": [0-9]+' "$summary" 2>/dev/null | grep -oE '[0-9]+$') || stop=
+  if [[ -z $start || -z $stop ]]; then
+    echo "lbbsp-slurm: error: not requeued: no iteration counts in '$summary' (see train.log)" >&2
+    return 0
+  fi
+  if ((stop <= start)); then
+    echo "lbbsp-slurm: error: not requeued: the run stopped at iteration $stop, where it started; give the job" \
+      "more time than set-up plus one iteration before the signal (sbatch --time, --signal=B:USR1@SECONDS)" >&2
+    return 0
+  fi
+  lbbsp_log "requeueing job $SLURM_JOB_ID: the next start resumes at iteration $stop from $CHECKPOINT_DIR"
+  scontrol requeue "$SLURM_JOB_ID" ||
+    echo "lbbsp-slurm: error: 'scontrol requeue $SLURM_JOB_ID' failed (a job submitted with --no-requeue, or" \
+      "JobRequeue=0 in slurm.conf: submit with sbatch --requeue); resubmit with the same CHECKPOINT_DIR" >&2
 }
 
 # lbbsp_rank_list: the rank counts of a scaling sweep: $RANKS if set, else 1 2 4 ... up to SLURM_NTASKS (and it).

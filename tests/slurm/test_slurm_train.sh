@@ -110,3 +110,70 @@ s, stopped = json.load(open(sys.argv[1])), int(sys.argv[2])
 assert s["start_iteration"] == stopped and s["iterations"] == stopped + 10 and s["stopped_by"] is None, s
 print(f"ok: SIGUSR1 to the batch shell stopped the run at iteration {stopped}; the next job resumed there")
 PY
+
+# REQUEUE=1: the job stopped by SIGUSR1 puts itself back in the queue (scontrol requeue); its next start (same job
+# id, SLURM_RESTART_COUNT=1, folder train-JOBID-restart1) resumes from the checkpoint and finishes the run.
+rq=(LBBSP_BIN="$LBBSP" DATA="$SCRATCH/data.h5" RESULTS_DIR="$SCRATCH/results" MODEL=logreg EPOCHS=1000 LR=0.2 SEED=11
+  "GLOBAL_BATCH=$batch" CHECKPOINT_DIR="$SCRATCH/ckpt_rq" REQUEUE=1 LBBSP_ROOT="$SRC" LAUNCHER=srun
+  MAX_ITERATIONS=200 TRAIN_ARGS="--progress-every 1" STRAGGLE="static:1;gpu=0.05:1000000:0:1000000")
+job_rq=$(cd "$SCRATCH" && env "${rq[@]}" \
+  timeout 30 sbatch --parsable --requeue -J lbbsp-requeue -n 2 --overcommit -t 5 -o "$SCRATCH/job-requeue-%j.out" \
+  "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (REQUEUE variant) refused the job"
+first=$SCRATCH/results/train-$job_rq
+n=
+for _ in $(seq 600); do
+  n=$(grep -oE '^iteration [0-9]+/' "$first/train.log" 2>/dev/null | tail -n 1 | grep -oE '[0-9]+') || true
+  [[ -n $n ]] && ((n >= 30)) && break
+  sleep 0.1
+done
+[[ -n $n ]] && ((n >= 30)) || fail "job $job_rq made no progress to iteration 30: $(cat "$first/train.log" 2>&1)"
+timeout 10 scancel --signal=USR1 --batch "$job_rq" || fail "scancel --signal=USR1 --batch $job_rq failed"
+# Slurm holds a requeued job back (BeginTime, about 2 min here) while the node cleans up after its first start:
+# started again at once, its step launch fails. Here it may start 10 s after the requeue instead.
+info=
+for _ in $(seq 60); do
+  info=$(timeout 10 scontrol -o show job "$job_rq") || true
+  grep -q 'JobState=PENDING' <<<"$info" && grep -q 'Restarts=1 ' <<<"$info" && break
+  sleep 0.5
+done
+grep -q 'Restarts=1 ' <<<"$info" || fail "job $job_rq was not requeued within 30 s of SIGUSR1: $info"
+echo "requeued: $(grep -oE 'JobState=[^ ]+|Reason=[^ ]+|StartTime=[^ ]+' <<<"$info" | tr '\n' ' ')"
+timeout 10 scontrol update JobId="$job_rq" StartTime=now+10 || fail "scontrol update StartTime failed for $job_rq"
+state=$(minicluster_wait "$job_rq" 120) || fail "requeued job $job_rq did not finish within 120 s"
+cat "$SCRATCH/job-requeue-$job_rq.out"
+[[ $state == COMPLETED ]] || fail "requeued job $job_rq ended $state, expected COMPLETED"
+grep -q 'Restarts=1 ' <<<"$(timeout 10 scontrol -o show job "$job_rq")" ||
+  fail "job $job_rq: expected Restarts=1: $(timeout 10 scontrol -o show job "$job_rq")"
+[[ $(cat "$first/exit_code") == 138 ]] || fail "first start of $job_rq: exit_code $(cat "$first/exit_code"), expected 138"
+stopped=$(grep -oE 'SIGUSR1: stopped after iteration [0-9]+' "$first/train.log" | grep -oE '[0-9]+$') ||
+  fail "job $job_rq: no stop message in $first/train.log"
+[[ $(cat "$first-restart1/exit_code") == 0 ]] || fail "second start of $job_rq: exit_code $(cat "$first-restart1/exit_code")"
+grep -q -- '--resume' "$first-restart1/command.sh" || fail "the requeued start did not pass --resume"
+"$PYTHON" - "$first-restart1/summary.json" "$stopped" <<'PY'
+import json, sys
+s, stopped = json.load(open(sys.argv[1])), int(sys.argv[2])
+assert s["start_iteration"] == stopped and s["iterations"] == 200 and s["stopped_by"] is None, s
+print(f"ok: REQUEUE=1: stopped at iteration {stopped}, requeued itself, resumed there and finished at 200")
+PY
+
+# REQUEUE's guards, without the cluster: a bad value or no CHECKPOINT_DIR is refused before anything runs, and a
+# start that stopped where it began is not requeued (that would loop), while one that got further is.
+out=$(env SLURM_JOB_ID=1 LBBSP_BIN="$LBBSP" LBBSP_ROOT="$SRC" RESULTS_DIR="$SCRATCH/guard" REQUEUE=1 \
+  bash "$SRC/scripts/slurm/train.sbatch" 2>&1) && fail "REQUEUE=1 without CHECKPOINT_DIR was accepted: $out"
+grep -q 'REQUEUE=1 needs CHECKPOINT_DIR' <<<"$out" || fail "REQUEUE=1 without CHECKPOINT_DIR: $out"
+out=$(env SLURM_JOB_ID=1 LBBSP_BIN="$LBBSP" LBBSP_ROOT="$SRC" RESULTS_DIR="$SCRATCH/guard" REQUEUE=yes \
+  CHECKPOINT_DIR="$SCRATCH/guard/ck" bash "$SRC/scripts/slurm/train.sbatch" 2>&1) && fail "REQUEUE=yes was accepted"
+grep -q "REQUEUE='yes': use REQUEUE=1" <<<"$out" || fail "REQUEUE=yes: $out"
+mkdir -p "$SCRATCH/guard/bin"
+printf '#!/bin/sh\necho "$@" >>"%s"\n' "$SCRATCH/guard/scontrol.calls" >"$SCRATCH/guard/bin/scontrol"
+chmod +x "$SCRATCH/guard/bin/scontrol"
+printf '{\n  "iterations": 40,\n  "start_iteration": 40\n}\n' >"$SCRATCH/guard/same.json"
+printf '{\n  "iterations": 41,\n  "start_iteration": 40\n}\n' >"$SCRATCH/guard/further.json"
+out=$(PATH="$SCRATCH/guard/bin:$PATH" SLURM_JOB_ID=77 CHECKPOINT_DIR=/ck bash -c \
+  "source '$SRC/scripts/slurm/lib.sh'; lbbsp_requeue '$SCRATCH/guard/same.json'" 2>&1)
+grep -q 'not requeued: the run stopped at iteration 40, where it started' <<<"$out" || fail "no-progress guard: $out"
+[[ ! -e $SCRATCH/guard/scontrol.calls ]] || fail "a start without progress was requeued"
+PATH="$SCRATCH/guard/bin:$PATH" SLURM_JOB_ID=77 CHECKPOINT_DIR=/ck bash -c \
+  "source '$SRC/scripts/slurm/lib.sh'; lbbsp_requeue '$SCRATCH/guard/further.json'" >/dev/null
+[[ $(cat "$SCRATCH/guard/scontrol.calls") == "requeue 77" ]] || fail "a start with progress was not requeued"
+echo "ok: REQUEUE guards"
