@@ -30,6 +30,15 @@ job_config=$(cd "$SCRATCH" && env LBBSP_BIN="$LBBSP" RESULTS_DIR="$SCRATCH/resul
   timeout 30 sbatch --parsable -J lbbsp-config -n 2 --overcommit -t 5 -o "$SCRATCH/job-config-%j.out" \
   "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (CONFIG variant) refused the job"
 echo "submitted jobs $job_srun (srun, 2 ranks), $job_mpirun (mpirun, 4 ranks) and $job_config (CONFIG, 2 ranks)"
+# A real time limit (1 min, Slurm's smallest; it ends after 60-90 s, checked at the end of this test): Slurm sends
+# SIGTERM to every process of the job, and each rank gets it twice (taken as a second request, it killed the ranks
+# before their checkpoint in 3 of 3 such jobs). The ranks must stop together with a checkpoint, and the batch shell
+# must stay to record exit 143 (it was killed too and its exit_code file said 0).
+job_tl=$(cd "$SCRATCH" && env LBBSP_BIN="$LBBSP" DATA="$SCRATCH/data.h5" RESULTS_DIR="$SCRATCH/results" MODEL=logreg \
+  EPOCHS=100000 LR=0.2 SEED=11 "GLOBAL_BATCH=$batch" CHECKPOINT_DIR="$SCRATCH/ckpt_tl" LBBSP_ROOT="$SRC" LAUNCHER=srun \
+  TRAIN_ARGS="--progress-every 1000" STRAGGLE="static:1;gpu=0.02:1000000:0:1000000" \
+  timeout 30 sbatch --parsable -J lbbsp-timelimit -n 2 --overcommit -t 1 -o "$SCRATCH/job-timelimit-%j.out" \
+  "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (time limit variant) refused the job"
 # One budget for all jobs (they run side by side), so that the test ends well inside CTest's 600 s.
 JOBS_BUDGET=300
 deadline=$((SECONDS + JOBS_BUDGET))
@@ -154,6 +163,23 @@ import json, sys
 s, stopped = json.load(open(sys.argv[1])), int(sys.argv[2])
 assert s["start_iteration"] == stopped and s["iterations"] == 200 and s["stopped_by"] is None, s
 print(f"ok: REQUEUE=1: stopped at iteration {stopped}, requeued itself, resumed there and finished at 200")
+PY
+
+# The time-limited job (submitted at the start).
+state=$(minicluster_wait "$job_tl" 150) || fail "job $job_tl did not end within 150 s of its 1-min time limit"
+tl=$SCRATCH/results/train-$job_tl
+grep -v '^iteration ' "$SCRATCH/job-timelimit-$job_tl.out"
+[[ $state == TIMEOUT ]] || fail "job $job_tl ended $state, expected TIMEOUT"
+[[ $(cat "$tl/exit_code") == 143 ]] || fail "job $job_tl: exit_code $(cat "$tl/exit_code"), expected 143 (SIGTERM)"
+stopped=$(grep -oE 'SIGTERM: stopped after iteration [0-9]+' "$tl/train.log" | grep -oE '[0-9]+$') ||
+  fail "job $job_tl: the ranks did not stop gracefully at the time limit: $(grep -v '^iteration ' "$tl/train.log")"
+[[ -f $SCRATCH/ckpt_tl/$(printf 'ckpt-%012d.h5' "$stopped") ]] ||
+  fail "job $job_tl: no checkpoint of iteration $stopped: $(ls "$SCRATCH/ckpt_tl")"
+"$PYTHON" - "$tl/summary.json" "$stopped" <<'PY'
+import json, sys
+s, stopped = json.load(open(sys.argv[1])), int(sys.argv[2])
+assert s["stopped_by"] == "SIGTERM" and s["iterations"] == stopped, s
+print(f"ok: at the time limit the ranks stopped after iteration {stopped} with a checkpoint; exit_code 143")
 PY
 
 # REQUEUE's guards, without the cluster: a bad value or no CHECKPOINT_DIR is refused before anything runs, and a
