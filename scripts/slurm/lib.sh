@@ -146,11 +146,12 @@ lbbsp_train() {
   lbbsp_log "run: $(cat "$out/command.sh")"
   # In the background, so that this shell can pass on a SIGUSR1 sent to it alone (sbatch --signal=B:USR1@SECONDS):
   # srun and mpirun forward it to the ranks, which checkpoint and stop together (exit 138).
-  # SIGTERM (time limit, scancel) reaches every process of the job: the ranks stop the same way (exit 143; srun's
-  # forwarded copy arrives within lbbsp's 2-s grace and counts as one), while this shell and tee stay to record it
-  # (train.log, exit_code), and a sweep runs nothing more. Not passed on: a second SIGTERM makes srun kill the
-  # ranks at once ("forcing job termination").
-  local rc=0 pid term=0
+  # SIGTERM (time limit, scancel) reaches every process of the job: the ranks stop the same way (exit 143; each
+  # gets it twice, which lbbsp counts as one), while this shell and tee stay to record it (train.log, exit_code),
+  # and a sweep runs nothing more. Not passed on: a second SIGTERM makes srun kill the ranks at once ("forcing job
+  # termination").
+  local rc=0 pid term=0 term_before
+  term_before=$(trap -p TERM)
   "${cmd[@]}" > >(trap '' TERM USR1 && exec tee "$out/train.log") 2>&1 &
   pid=$!
   trap 'lbbsp_log "SIGUSR1: passing it on to the ranks"; kill -USR1 "$pid" 2>/dev/null || true' USR1
@@ -160,7 +161,8 @@ lbbsp_train() {
     wait "$pid" || rc=$?
     kill -0 "$pid" 2>/dev/null || break # else wait was cut short by a trap
   done
-  trap - USR1 TERM
+  trap - USR1
+  eval "${term_before:-trap - TERM}"
   if ((rc == 0)) && [[ ! -s $out/summary.json ]]; then
     echo "lbbsp-slurm: error: $LAUNCHER exited 0 but no $out/summary.json was written (see the output above)" >&2
     rc=3
