@@ -12,8 +12,7 @@
 namespace {
 
 // CLI11's words for a bad --config file, reworded to name the fix; "" when the error is not about --config
-// (only
-// --config reads a file while parsing).
+// (only --config reads a file while parsing).
 std::string config_problem(const CLI::ParseError& e) {
   std::string what = e.what();
   if (dynamic_cast<const CLI::ConfigError*>(&e)) {

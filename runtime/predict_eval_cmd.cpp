@@ -20,8 +20,7 @@ void add_predict_eval_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("predict-eval",
                                  "Replay speed series one step ahead through predictors; print RMSE, MAE, "
                                  "MAPE and RMSE relative to EMA");
-  cmd->fallthrough();  // `lbbsp predict-eval --config FILE` ([predict-eval] section; main.cpp)
-  cmd->allow_config_extras(CLI::config_extras_mode::error);
+  read_config_section(cmd);
   auto* traces =
       cmd->add_option("--traces", args->traces,
                       "Trace file or directory (searched recursively; planetlab, bitbrains, alibaba, "

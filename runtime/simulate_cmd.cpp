@@ -15,8 +15,7 @@ void add_simulate_command(CLI::App& app) {
                                  "Replay capacity traces on simulated workers and compare balancers (mean "
                                  "iteration time, efficiency vs the "
                                  "oracle, speed-up vs BSP, wait fraction, decision cost)");
-  cmd->fallthrough();  // `lbbsp simulate --config FILE` ([simulate] section; main.cpp)
-  cmd->allow_config_extras(CLI::config_extras_mode::error);
+  read_config_section(cmd);
   struct Options {
     runtime::SimulatorConfig cfg;
     std::string traces;

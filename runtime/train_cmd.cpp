@@ -114,14 +114,12 @@ void add_train_command(CLI::App& app) {
       "--resume", c.resume,
       "Continue from the newest valid checkpoint in --checkpoint-dir (same model, global batch, data, seed)");
 
-  // `lbbsp train --config FILE` reaches the main app's --config (main.cpp), which fills the [train] section.
-  t->fallthrough();
+  read_config_section(t);
   t->footer(
       "--config FILE: read flags from a TOML file, section [train], keys the long flag names "
       "(global-batch = 512); flags on the command line win. --log-dir DIR writes DIR/config.toml, which "
       "repeats the run. SIGTERM, SIGUSR1 or SIGINT stop every rank after the same iteration, with a "
       "checkpoint when --checkpoint-dir is given; exit status 128 + the signal.");
-  t->allow_config_extras(CLI::config_extras_mode::error);
   t->callback([t] {
     // Every flag's value as a --config file, for --log-dir: re-running with it reproduces the run.
     // Lines `key=""` are options left unset without a default (or set to ""): reading them back would fail.

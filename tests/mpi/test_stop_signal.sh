@@ -84,8 +84,8 @@ grep -qE '^stopped: [0-9]+ iterations .*, no test evaluation yet$' "$SCRATCH/int
 import json; s = json.load(open('$SCRATCH/int.json')); assert s['stopped_by'] == 'SIGINT', s"
 
 # 5. Another signal more than 2 s after the first does not wait for the iteration (6 s each here): the process dies
-#    without a summary. One sooner (at a Slurm time limit each rank gets SIGTERM from slurmstepd and again through
-#    srun) is the same stop and must not kill it: that run (1-s iterations) stops gracefully. Both side by side.
+#    without a summary. One sooner (at a Slurm time limit each srun-launched rank gets SIGTERM twice in a moment) is
+#    the same stop and must not kill it: that run (1-s iterations) stops gracefully. Both side by side.
 "$LBBSP" "${BASE[@]}" --straggle "static:1;gpu=6:1000000:0:1000000" --summary-json "$SCRATCH/twice.json" \
   >"$SCRATCH/twice.log" 2>&1 &
 job=$!

@@ -34,8 +34,10 @@ echo "submitted jobs $job_srun (srun, 2 ranks), $job_mpirun (mpirun, 4 ranks) an
 # SIGTERM to every process of the job, and each rank gets it twice (taken as a second request, it killed the ranks
 # before their checkpoint in 3 of 3 such jobs). The ranks must stop together with a checkpoint, and the batch shell
 # must stay to record exit 143 (it was killed too and its exit_code file said 0).
-job_tl=$(cd "$SCRATCH" && env LBBSP_BIN="$LBBSP" DATA="$SCRATCH/data.h5" RESULTS_DIR="$SCRATCH/results" MODEL=logreg \
-  EPOCHS=100000 LR=0.2 SEED=11 "GLOBAL_BATCH=$batch" CHECKPOINT_DIR="$SCRATCH/ckpt_tl" LBBSP_ROOT="$SRC" LAUNCHER=srun \
+# The jobs that are stopped by a signal: long runs (logreg, srun) of an emulated slow device.
+long_run=(LBBSP_BIN="$LBBSP" DATA="$SCRATCH/data.h5" RESULTS_DIR="$SCRATCH/results" MODEL=logreg LR=0.2 SEED=11
+  "GLOBAL_BATCH=$batch" LBBSP_ROOT="$SRC" LAUNCHER=srun)
+job_tl=$(cd "$SCRATCH" && env "${long_run[@]}" EPOCHS=100000 CHECKPOINT_DIR="$SCRATCH/ckpt_tl" \
   TRAIN_ARGS="--progress-every 1000" STRAGGLE="static:1;gpu=0.02:1000000:0:1000000" \
   timeout 30 sbatch --parsable -J lbbsp-timelimit -n 2 --overcommit -t 1 -o "$SCRATCH/job-timelimit-%j.out" \
   "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (time limit variant) refused the job"
@@ -85,20 +87,23 @@ grep -qE '^mpirun ' "$SCRATCH/results/train-$job_mpirun/command.sh" || fail "mpi
 # Time limits: SIGUSR1 to the batch shell alone (what `sbatch --signal=B:USR1@SECONDS` sends) reaches the ranks
 # through train.sbatch and srun; they checkpoint into CHECKPOINT_DIR and stop (exit 138); the next job with the
 # same CHECKPOINT_DIR resumes at that iteration.
-ck=(LBBSP_BIN="$LBBSP" DATA="$SCRATCH/data.h5" RESULTS_DIR="$SCRATCH/results" MODEL=logreg EPOCHS=1000 LR=0.2 SEED=11
-  "GLOBAL_BATCH=$batch" CHECKPOINT_DIR="$SCRATCH/ckpt" LBBSP_ROOT="$SRC" LAUNCHER=srun)
+ck=("${long_run[@]}" EPOCHS=1000 CHECKPOINT_DIR="$SCRATCH/ckpt")
+# wait_for_log_iteration LOG K JOB: until LOG (a run's train.log) shows progress at iteration K or later (60 s).
+wait_for_log_iteration() {
+  local n=
+  for _ in $(seq 600); do
+    n=$(grep -oE '^iteration [0-9]+/' "$1" 2>/dev/null | tail -n 1 | grep -oE '[0-9]+') || true
+    [[ -n $n ]] && ((n >= $2)) && return 0
+    sleep 0.1
+  done
+  fail "job $3 made no progress to iteration $2: $(cat "$1" 2>&1)"
+}
 job_long=$(cd "$SCRATCH" && env "${ck[@]}" MAX_ITERATIONS=100000 TRAIN_ARGS="--progress-every 1" \
   STRAGGLE="static:1;gpu=0.005:1000000:0:1000000" \
   timeout 30 sbatch --parsable -J lbbsp-long -n 2 --overcommit -t 5 -o "$SCRATCH/job-long-%j.out" \
   "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (CHECKPOINT_DIR variant) refused the job"
 log=$SCRATCH/results/train-$job_long/train.log
-n=
-for _ in $(seq 600); do
-  n=$(grep -oE '^iteration [0-9]+/' "$log" 2>/dev/null | tail -n 1 | grep -oE '[0-9]+') || true
-  [[ -n $n ]] && ((n >= 30)) && break
-  sleep 0.1
-done
-[[ -n $n ]] && ((n >= 30)) || fail "job $job_long made no progress to iteration 30: $(cat "$log" 2>&1)"
+wait_for_log_iteration "$log" 30 "$job_long"
 timeout 10 scancel --signal=USR1 --batch "$job_long" || fail "scancel --signal=USR1 --batch $job_long failed"
 state=$(minicluster_wait "$job_long" 60) || fail "job $job_long did not stop within 60 s of SIGUSR1"
 cat "$SCRATCH/job-long-$job_long.out"
@@ -122,20 +127,13 @@ PY
 
 # REQUEUE=1: the job stopped by SIGUSR1 puts itself back in the queue (scontrol requeue); its next start (same job
 # id, SLURM_RESTART_COUNT=1, folder train-JOBID-restart1) resumes from the checkpoint and finishes the run.
-rq=(LBBSP_BIN="$LBBSP" DATA="$SCRATCH/data.h5" RESULTS_DIR="$SCRATCH/results" MODEL=logreg EPOCHS=1000 LR=0.2 SEED=11
-  "GLOBAL_BATCH=$batch" CHECKPOINT_DIR="$SCRATCH/ckpt_rq" REQUEUE=1 LBBSP_ROOT="$SRC" LAUNCHER=srun
-  MAX_ITERATIONS=200 TRAIN_ARGS="--progress-every 1" STRAGGLE="static:1;gpu=0.05:1000000:0:1000000")
+rq=("${long_run[@]}" EPOCHS=1000 CHECKPOINT_DIR="$SCRATCH/ckpt_rq" REQUEUE=1 MAX_ITERATIONS=200
+  TRAIN_ARGS="--progress-every 1" STRAGGLE="static:1;gpu=0.05:1000000:0:1000000")
 job_rq=$(cd "$SCRATCH" && env "${rq[@]}" \
   timeout 30 sbatch --parsable --requeue -J lbbsp-requeue -n 2 --overcommit -t 5 -o "$SCRATCH/job-requeue-%j.out" \
   "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (REQUEUE variant) refused the job"
 first=$SCRATCH/results/train-$job_rq
-n=
-for _ in $(seq 600); do
-  n=$(grep -oE '^iteration [0-9]+/' "$first/train.log" 2>/dev/null | tail -n 1 | grep -oE '[0-9]+') || true
-  [[ -n $n ]] && ((n >= 30)) && break
-  sleep 0.1
-done
-[[ -n $n ]] && ((n >= 30)) || fail "job $job_rq made no progress to iteration 30: $(cat "$first/train.log" 2>&1)"
+wait_for_log_iteration "$first/train.log" 30 "$job_rq"
 timeout 10 scancel --signal=USR1 --batch "$job_rq" || fail "scancel --signal=USR1 --batch $job_rq failed"
 # Slurm holds a requeued job back (BeginTime, about 2 min here) while the node cleans up after its first start:
 # started again at once, its step launch fails. Here it may start 10 s after the requeue instead.
