@@ -41,3 +41,14 @@ kill_rank_expect_prompt_end() {
   ((SECONDS - start <= 30)) || fail "the job took $((SECONDS - start)) s to end after a rank was killed"
   echo "ok: killed rank $victim, job ended in $((SECONDS - start)) s with exit $rc"
 }
+# wait_for_iteration LOG K [SECONDS]: until LOG (lbbsp train with --progress-every) shows progress at iteration K
+# or later; fails after SECONDS (30).
+wait_for_iteration() {
+  local n tries=$((${3:-30} * 10))
+  for _ in $(seq "$tries"); do
+    n=$(grep -oE '^iteration [0-9]+/' "$1" 2>/dev/null | tail -n 1 | grep -oE '[0-9]+') || true
+    [[ -n $n ]] && ((n >= $2)) && return 0
+    sleep 0.1
+  done
+  fail "no progress to iteration $2 in $1 within ${3:-30} s: $(cat "$1" 2>&1)"
+}

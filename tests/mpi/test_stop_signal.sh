@@ -10,15 +10,6 @@ BASE=(train --data "$DATA" --model mlp --hidden 32 --epochs 500 --global-batch 3
       --test-subset 64 --progress-every 1)
 # An emulated slow device keeps the run going while we signal it (5 ms per iteration at least).
 SLOW=(--straggle "static:1;gpu=0.005:1000000:0:1000000")
-wait_for_iteration() { # wait_for_iteration LOG K: until LOG shows progress at iteration K or later (30 s at most)
-  local n
-  for _ in $(seq 300); do
-    n=$(grep -oE '^iteration [0-9]+/' "$1" 2>/dev/null | tail -n 1 | grep -oE '[0-9]+') || true
-    [[ -n $n ]] && ((n >= $2)) && return 0
-    sleep 0.1
-  done
-  fail "no progress to iteration $2 in $1: $(cat "$1")"
-}
 expect_exit() { # expect_exit JOB STATUS WHAT: the background job ends within 30 s with STATUS
   local rc=0 start=$SECONDS
   wait "$1" || rc=$?

@@ -88,22 +88,12 @@ grep -qE '^mpirun ' "$SCRATCH/results/train-$job_mpirun/command.sh" || fail "mpi
 # through train.sbatch and srun; they checkpoint into CHECKPOINT_DIR and stop (exit 138); the next job with the
 # same CHECKPOINT_DIR resumes at that iteration.
 ck=("${long_run[@]}" EPOCHS=1000 CHECKPOINT_DIR="$SCRATCH/ckpt")
-# wait_for_log_iteration LOG K JOB: until LOG (a run's train.log) shows progress at iteration K or later (60 s).
-wait_for_log_iteration() {
-  local n=
-  for _ in $(seq 600); do
-    n=$(grep -oE '^iteration [0-9]+/' "$1" 2>/dev/null | tail -n 1 | grep -oE '[0-9]+') || true
-    [[ -n $n ]] && ((n >= $2)) && return 0
-    sleep 0.1
-  done
-  fail "job $3 made no progress to iteration $2: $(cat "$1" 2>&1)"
-}
 job_long=$(cd "$SCRATCH" && env "${ck[@]}" MAX_ITERATIONS=100000 TRAIN_ARGS="--progress-every 1" \
   STRAGGLE="static:1;gpu=0.005:1000000:0:1000000" \
   timeout 30 sbatch --parsable -J lbbsp-long -n 2 --overcommit -t 5 -o "$SCRATCH/job-long-%j.out" \
   "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (CHECKPOINT_DIR variant) refused the job"
 log=$SCRATCH/results/train-$job_long/train.log
-wait_for_log_iteration "$log" 30 "$job_long"
+wait_for_iteration "$log" 30 60
 timeout 10 scancel --signal=USR1 --batch "$job_long" || fail "scancel --signal=USR1 --batch $job_long failed"
 state=$(minicluster_wait "$job_long" 60) || fail "job $job_long did not stop within 60 s of SIGUSR1"
 cat "$SCRATCH/job-long-$job_long.out"
@@ -133,7 +123,7 @@ job_rq=$(cd "$SCRATCH" && env "${rq[@]}" \
   timeout 30 sbatch --parsable --requeue -J lbbsp-requeue -n 2 --overcommit -t 5 -o "$SCRATCH/job-requeue-%j.out" \
   "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (REQUEUE variant) refused the job"
 first=$SCRATCH/results/train-$job_rq
-wait_for_log_iteration "$first/train.log" 30 "$job_rq"
+wait_for_iteration "$first/train.log" 30 60
 timeout 10 scancel --signal=USR1 --batch "$job_rq" || fail "scancel --signal=USR1 --batch $job_rq failed"
 # Slurm holds a requeued job back (BeginTime, about 2 min here) while the node cleans up after its first start:
 # started again at once, its step launch fails. Here it may start 10 s after the requeue instead.
