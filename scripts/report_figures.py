@@ -94,7 +94,7 @@ def wait_bars(runs, path):
         ax.bar(x + (i - (len(runs) - 1) / 2) * width, total, width, label=f"{r['label']}: {total.sum():.1f} s")
     ax.set(xlabel="rank", ylabel="seconds waiting", title="Time each rank waited for the slowest at the barrier")
     ax.set_xticks(x)
-    ax.legend(fontsize=8, title="run: all ranks", title_fontsize=8)
+    ax.legend(fontsize=8, title="run: all ranks together", title_fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

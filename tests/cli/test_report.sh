@@ -7,9 +7,9 @@ PY=/usr/bin/python3
 STRAGGLE="static:1,1,0.5,0.25;gpu=0:0:0.0002:1000000"
 run() {
   local dir=$1 np=$2 bal=$3
-  mpirun_n "$np" "$LBBSP" train --data "$SCRATCH/d.h5" --model logreg --global-batch 256 --epochs 10 --max-iterations 60 \
-    --balancer "$bal" --predictor ema --straggle "$STRAGGLE" --test-subset 256 --log-dir "$SCRATCH/$dir" \
-    --summary-json "$SCRATCH/$dir/summary.json" --quiet
+  mpirun_n "$np" "$LBBSP" train --data "$SCRATCH/d.h5" --model logreg --global-batch 256 --epochs 10 \
+    --max-iterations 60 --balancer "$bal" --predictor ema --straggle "$STRAGGLE" --test-subset 256 \
+    --log-dir "$SCRATCH/$dir" --summary-json "$SCRATCH/$dir/summary.json" --quiet
 }
 run bsp 4 bsp
 run lb 4 lbbsp-cpu
