@@ -132,9 +132,14 @@ RunData load_run(const std::string& dir) {
   const std::string ranks = h5::read_string_attr(g, "ranks"), batch = h5::read_string_attr(g, "global_batch");
   int64_t max_rank = -1;
   for (auto k : r.rank) max_rank = std::max(max_rank, k);
-  r.ranks = ranks.empty() ? static_cast<int>(max_rank + 1) : std::stoi(ranks);
+  try {
+    r.ranks = ranks.empty() ? static_cast<int>(max_rank + 1) : std::stoi(ranks);
+    r.global_batch = batch.empty() ? 0 : std::stoll(batch);
+  } catch (const std::logic_error&) {
+    throw std::runtime_error("'" + r.file + "': attribute ranks '" + ranks + "' or global_batch '" + batch +
+                             "' of /records is not a number");
+  }
   if (r.ranks < 1) throw std::runtime_error("'" + r.file + "' holds no rows");
-  r.global_batch = batch.empty() ? 0 : std::stoll(batch);
   check_rows(r);
   if (r.global_batch == 0)
     for (int k = 0; k < r.ranks; ++k) r.global_batch += r.batch[k];
