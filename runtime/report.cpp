@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <stdexcept>
 
 #include "runtime/h5.hpp"
@@ -304,6 +305,17 @@ RunReport analyse(const RunData& d, const Options& opt) {
   r.mean_iteration_s = r.time_s / r.iterations;
   r.wait_fraction = r.time_s > 0 ? r.wait_rank_s / (r.ranks * r.time_s) : 0;
   return r;
+}
+
+void disambiguate_names(std::vector<RunReport>& runs) {
+  std::set<std::string> names;
+  for (const auto& r : runs) names.insert(r.name);
+  if (names.size() == runs.size()) return;
+  for (auto& r : runs) {
+    const fs::path p = fs::path(r.dir).lexically_normal();
+    const fs::path folder = p.has_filename() ? p : p.parent_path();
+    r.name = (folder.parent_path().filename() / folder.filename()).string();
+  }
 }
 
 namespace {

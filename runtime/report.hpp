@@ -70,6 +70,9 @@ struct RunReport {
 
 RunReport analyse(const RunData& run, const Options& opt);
 
+// Runs are named by their folder; when two folders have the same name, every run is named parent/folder.
+void disambiguate_names(std::vector<RunReport>& runs);
+
 // Markdown: with several runs a side-by-side table first, then each run's per-rank table and episodes (the
 // longest max_episodes). Throws std::runtime_error when the runs have different rank counts.
 std::string to_markdown(const std::vector<RunReport>& runs, size_t max_episodes);

@@ -133,6 +133,7 @@ void add_report_command(CLI::App& app) {
     runtime::report::check_comparable(data);
     std::vector<runtime::report::RunReport> reports;
     for (const auto& d : data) reports.push_back(runtime::report::analyse(d, o.analysis));
+    runtime::report::disambiguate_names(reports);
     const std::string markdown = runtime::report::to_markdown(reports, o.max_episodes);
     if (o.format == "json")
       std::cout << runtime::report::to_json(reports).dump(2) << '\n';

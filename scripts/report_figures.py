@@ -37,9 +37,12 @@ def load(run_dir):
     grid = {k: cols[k][: n * ranks].reshape(n, ranks) for k in FIELDS}  # rows in (iteration, rank) order
     name = os.path.basename(os.path.normpath(run_dir))
     balancer = attrs.get("balancer", "?")
-    if balancer == "lbbsp-cpu" and attrs.get("predictor"):
-        balancer += "/" + attrs["predictor"]
-    return {"name": name, "label": f"{name} ({balancer})" if balancer not in name else name, "ranks": ranks,
+    predictor = attrs.get("predictor", "") if balancer == "lbbsp-cpu" else ""
+    if balancer in name:  # a folder named after its balancer: add only the predictor
+        label = name + (f" ({predictor})" if predictor and predictor not in name else "")
+    else:
+        label = f"{name} ({balancer}{'/' + predictor if predictor else ''})"
+    return {"name": name, "label": label, "ranks": ranks,
             "iteration": grid["iteration"][:, 0], "batch": grid["batch"], "wait": grid["wait_s"],
             "time": grid["compute_s"].max(axis=1) + grid["allreduce_s"][:, 0] + grid["balancer_s"][:, 0],
             "model": attrs.get("model", "?"), "global_batch": attrs.get("global_batch", "?")}
@@ -94,7 +97,7 @@ def wait_bars(runs, path):
         ax.bar(x + (i - (len(runs) - 1) / 2) * width, total, width, label=f"{r['label']}: {total.sum():.1f} s")
     ax.set(xlabel="rank", ylabel="seconds waiting", title="Time each rank waited for the slowest at the barrier")
     ax.set_xticks(x)
-    ax.legend(fontsize=8, title="run: all ranks together", title_fontsize=8)
+    ax.legend(fontsize=8, title="run: all ranks together", title_fontsize=8, loc="best")
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -157,6 +160,10 @@ def main():
     if a.html and not a.markdown:
         ap.error("--html needs --markdown REPORT.md (lbbsp report --html DIR passes it)")
     runs = [load(d) for d in a.runs]
+    if len({r["name"] for r in runs}) < len(runs):  # as lbbsp report: parent/name when folder names repeat
+        for r, d in zip(runs, a.runs):
+            parent = os.path.basename(os.path.dirname(os.path.normpath(d)))
+            r["label"] = r["label"].replace(r["name"], f"{parent}/{r['name']}", 1)
     for folder in [d for d in (a.png, a.html) if d]:
         os.makedirs(folder, exist_ok=True)
         iteration_time(runs, os.path.join(folder, "iteration_time.png"))
