@@ -229,7 +229,7 @@ void find_episodes(const RunData& d, const Options& opt, RunReport& out) {
   for (int k = 0; k < R; ++k) {
     Episode e;
     bool open = false;
-    int64_t gap = 0;
+    int64_t gap = 0, idle = 0;  // normal and 0-sample iterations since the last slow one
     double rel_sum = 0, cpu_sum = 0, cap_sum = 0, delay = 0;
     auto close = [&] {
       if (open && e.last - e.first + 1 >= opt.min_episode) {
@@ -252,7 +252,7 @@ void find_episodes(const RunData& d, const Options& opt, RunReport& out) {
       const double ref = median(others);
       const double held_up = std::max(0.0, d.compute_s[me] - others_max);
       if (d.batch[me] == 0 || ref <= 0) {
-        if (open && d.batch[me] == 0) ++e.idle_iterations;
+        if (open && d.batch[me] == 0) ++idle;
         continue;
       }
       const double rel = d.actual_speed[me] / ref;
@@ -262,10 +262,13 @@ void find_episodes(const RunData& d, const Options& opt, RunReport& out) {
           e.rank = k;
           e.first = d.iteration[me];
           rel_sum = cpu_sum = cap_sum = delay = 0;
+          idle = 0;
           open = true;
         }
         e.last = d.iteration[me];
         ++e.slow_iterations;
+        e.idle_iterations += idle;
+        idle = 0;
         rel_sum += rel;
         cpu_sum += d.cpu_avail[me];
         cap_sum += d.capacity[me];
