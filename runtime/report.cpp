@@ -210,7 +210,7 @@ void time_and_savings(const RunData& d, RunReport& out) {
       sum_speed += speed[k];
       if (speed[k] > 0) equal = std::max(equal, share / speed[k]);
     }
-    out.time_s += slowest + d.allreduce_s[row] + d.balancer_s[row];
+    out.telemetry_time_s += slowest + d.allreduce_s[row] + d.balancer_s[row];
     if (!known) continue;
     ++out.estimated_iterations;
     out.compute_s += slowest;
@@ -305,6 +305,14 @@ RunReport analyse(const RunData& d, const Options& opt) {
   per_rank_stats(d, r);
   time_and_savings(d, r);
   find_episodes(d, opt, r);
+  r.time_s = r.telemetry_time_s;
+  const auto& s = d.summary;
+  if (s.is_object() && s.value("iterations", int64_t{-1}) == r.iterations &&
+      s.value("start_iteration", int64_t{0}) == 0 && s.contains("train_time_s") &&
+      s["train_time_s"].is_number()) {
+    r.time_s = s["train_time_s"].get<double>();
+    r.time_from_summary = true;
+  }
   r.mean_iteration_s = r.time_s / r.iterations;
   r.wait_fraction = r.time_s > 0 ? r.wait_rank_s / (r.ranks * r.time_s) : 0;
   return r;
@@ -402,8 +410,12 @@ std::string to_markdown(const std::vector<RunReport>& runs, size_t max_episodes)
     s += "- `" + r.dir + "`, straggle `" + r.straggle + "`\n";
     s += "- iterations " + std::to_string(r.first_iteration) + "–" + std::to_string(r.last_iteration) + " (" +
          std::to_string(r.iterations) + "), " + fmt("%.2f s", r.time_s) + ", mean iteration " +
-         ms(r.mean_iteration_s) + "; waiting at the barrier " + fmt("%.2f", r.wait_rank_s) + " rank-s (" +
-         pct(r.wait_fraction) + " of all rank time); predictor error " + error_cell(r.predictor_error) + "\n";
+         ms(r.mean_iteration_s) +
+         (r.time_from_summary ? " (summary; slowest compute + allreduce + coordination in the telemetry: " +
+                                    ms(r.telemetry_time_s / r.iterations) + ")"
+                              : " (telemetry: slowest compute + allreduce + coordination)") +
+         "; waiting at the barrier " + fmt("%.2f", r.wait_rank_s) + " rank-s (" + pct(r.wait_fraction) +
+         " of all rank time); predictor error " + error_cell(r.predictor_error) + "\n";
     s += savings_text(r);
     if (r.summary.is_object())
       s += "- summary: test accuracy " + summary_cell(r, "test_accuracy", false) + ", time to target " +
@@ -431,6 +443,8 @@ nlohmann::json to_json(const std::vector<RunReport>& runs) {
                         {"first_iteration", r.first_iteration},
                         {"last_iteration", r.last_iteration},
                         {"time_s", r.time_s},
+                        {"telemetry_time_s", r.telemetry_time_s},
+                        {"time_from_summary", r.time_from_summary},
                         {"mean_iteration_s", r.mean_iteration_s},
                         {"wait_rank_s", r.wait_rank_s},
                         {"wait_fraction", r.wait_fraction},

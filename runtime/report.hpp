@@ -53,7 +53,11 @@ struct RunReport {
   std::string name, dir, model, balancer, predictor, straggle;
   int ranks = 0;
   int64_t global_batch = 0, iterations = 0, first_iteration = 0, last_iteration = 0;
-  double time_s = 0;            // sum of iteration times (slowest compute + allreduce + coordination)
+  // The run's training time: the summary's train_time_s (the loop as timed by lbbsp train) when summary.json
+  // covers the same iterations, else telemetry_time_s.
+  double time_s = 0;
+  double telemetry_time_s = 0;  // sum over iterations of the slowest compute + allreduce + coordination
+  bool time_from_summary = false;
   double mean_iteration_s = 0;  // time_s / iterations
   double wait_rank_s = 0;       // rank-seconds spent waiting for the slowest rank
   double wait_fraction = 0;     // wait_rank_s / (ranks * time_s)

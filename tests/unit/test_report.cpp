@@ -49,7 +49,16 @@ TEST(Report, WaitTimeAndEqualSplitAreExact) {
   std::vector<std::vector<int64_t>> batch(10, {20, 10});
   auto r = analyse(make_run(speeds, batch), Options{});
   EXPECT_EQ(r.iterations, 10);
-  EXPECT_NEAR(r.time_s, 10 * (0.2 + 0.0015), 1e-12);
+  EXPECT_NEAR(r.time_s, 10 * (0.2 + 0.0015), 1e-12);  // no summary: the telemetry's sum
+  EXPECT_FALSE(r.time_from_summary);
+  auto with_summary = make_run(speeds, batch);
+  with_summary.summary = {{"iterations", 10}, {"train_time_s", 2.5}, {"start_iteration", 0}};
+  auto rs = analyse(with_summary, Options{});
+  EXPECT_TRUE(rs.time_from_summary);
+  EXPECT_NEAR(rs.mean_iteration_s, 0.25, 1e-12);
+  EXPECT_NEAR(rs.telemetry_time_s, r.time_s, 1e-12);
+  with_summary.summary["start_iteration"] = 4;  // resumed: the summary's time covers more than the telemetry
+  EXPECT_FALSE(analyse(with_summary, Options{}).time_from_summary);
   EXPECT_NEAR(r.wait_rank_s, 0.0, 1e-12);
   EXPECT_NEAR(r.compute_s, 10 * 0.2, 1e-12);
   EXPECT_NEAR(r.equal_split_s, 10 * (15 / 50.0), 1e-12);  // the slow rank's 15 samples
