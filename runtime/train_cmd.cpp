@@ -15,9 +15,9 @@
 namespace lbbsp::cli {
 namespace {
 
-// What trains well on Fashion-MNIST when only --model and --epochs are given (README, Measured: the tuned
-// commands). Rank count does not enter: the trajectory is the same on any number of ranks for one global
-// batch.
+// What trains well on Fashion-MNIST when only --model and --epochs are given (docs/results/defaults.md: the
+// README's accuracy on 1 and 4 ranks). Rank count does not enter: the trajectory is the same on any number of
+// ranks for one global batch.
 struct ModelDefaults {
   double lr;
   const char* lr_schedule;
