@@ -59,13 +59,17 @@ def rolling_mean(v, window):
 def iteration_time(runs, path):
     window = max(1, min(20, len(runs[0]["time"]) // 20))
     fig, ax = plt.subplots(figsize=(9, 4.2), layout="constrained")
+    top = 0.0
     for r in runs:
+        smooth = rolling_mean(r["time"], window)
         line = ax.plot(r["iteration"], 1e3 * r["time"], lw=0.6, alpha=0.35)
-        ax.plot(r["iteration"], 1e3 * rolling_mean(r["time"], window), lw=1.8, color=line[0].get_color(),
-                label=f"{r['label']}: mean {1e3 * r['time'].mean():.1f} ms")
+        ax.plot(r["iteration"], 1e3 * smooth, lw=1.8, color=line[0].get_color(), label=r["label"])
+        top = max(top, np.nanmax(smooth), np.percentile(r["time"], 99))
+    clipped = any(r["time"].max() > 1.2 * top for r in runs)
     ax.set(xlabel="iteration", ylabel="iteration time (ms)",
-           title=f"Iteration time (thin: each iteration, thick: mean of {window})")
-    ax.set_ylim(bottom=0)
+           title=f"Iteration time (thin: each iteration, thick: mean of {window})"
+           + ("; the few slowest go off the top" if clipped else ""))
+    ax.set_ylim(0, 1e3 * top * 1.2 if clipped else None)
     ax.legend(fontsize=8, loc="upper right")
     fig.savefig(path, dpi=110)
     plt.close(fig)
