@@ -1,5 +1,6 @@
 // Google Benchmark of every model kernel and of a full train step (forward_backward + Sgd::step) per model.
-// Extra flag: --threads=N (default 1) sets our OpenMP and OpenBLAS threads, as the trainer's --threads does.
+// Extra flag: --threads=N (default 1) sets our OpenMP threads, as the trainer's --threads does (the BLAS runs one
+// thread per call: docs/threads.md).
 // Train steps are named train_step/<model>/<batch>; items_per_second is samples/s, GFLOP/s uses
 // Model::flops_per_sample (GEMM work of forward + backward).
 #include <benchmark/benchmark.h>
@@ -17,6 +18,7 @@
 #include "models/model.hpp"
 #include "models/optimizer.hpp"
 #include "models/pool.hpp"
+#include "models/simd.hpp"
 #include "models/softmax_xent.hpp"
 
 namespace lbbsp::models {
@@ -246,13 +248,9 @@ int main(int argc, char** argv) {
       argv[kept++] = argv[i];
   }
   argc = kept;
-  if (threads > 1 && !std::getenv("OMP_WAIT_POLICY"))  // see set_num_threads in models/model.cpp
-    std::fprintf(stderr,
-                 "bench_models: --threads=%d without OMP_WAIT_POLICY=passive: OpenMP workers spinning "
-                 "between regions compete with OpenBLAS's threads and distort the timings\n",
-                 threads);
   lbbsp::models::set_num_threads(threads);
   benchmark::AddCustomContext("lbbsp_threads", std::to_string(threads));
+  benchmark::AddCustomContext("lbbsp_simd", lbbsp::models::simd::kName);
   lbbsp::models::register_all(threads);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

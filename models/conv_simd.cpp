@@ -132,7 +132,12 @@ void weight_grad_tile(const float* x, size_t row, int c, const float* dy, int h,
 }
 
 // Tables of the tile kernels by R (index R - 1), so a runtime tile width picks a fully unrolled kernel.
-constexpr int kMaxTile = simd::kAccumulators;
+// Tile widths by vectors per tile; at most 14 so the tile's broadcast offsets fit the general registers.
+constexpr int kMaxTile1 = simd::kAccumulators < 14 ? simd::kAccumulators : 14,
+              kMaxTile2 = simd::kAccumulators / 2;
+int max_tile(int vectors) {
+  return vectors == 2 ? kMaxTile2 : kMaxTile1;
+}
 using ForwardFn = void (*)(const float*, size_t, int, int, int, const float*, int, float*);
 using WeightGradFn = void (*)(const float*, size_t, int, const float*, int, int, int, float*);
 template <int NV, size_t... I>
@@ -143,15 +148,15 @@ template <int NV, size_t... I>
 constexpr std::array<WeightGradFn, sizeof...(I)> weight_grad_table(std::index_sequence<I...>) {
   return {&weight_grad_tile<int(I) + 1, NV>...};
 }
-constexpr auto kForward1 = forward_table<1>(std::make_index_sequence<kMaxTile>());
-constexpr auto kForward2 = forward_table<2>(std::make_index_sequence<kMaxTile / 2>());
-constexpr auto kWeightGrad1 = weight_grad_table<1>(std::make_index_sequence<kMaxTile>());
-constexpr auto kWeightGrad2 = weight_grad_table<2>(std::make_index_sequence<kMaxTile / 2>());
+constexpr auto kForward1 = forward_table<1>(std::make_index_sequence<kMaxTile1>());
+constexpr auto kForward2 = forward_table<2>(std::make_index_sequence<kMaxTile2>());
+constexpr auto kWeightGrad1 = weight_grad_table<1>(std::make_index_sequence<kMaxTile1>());
+constexpr auto kWeightGrad2 = weight_grad_table<2>(std::make_index_sequence<kMaxTile2>());
 
 // y[n, oy, ox, :] = sum over taps of the padded input times wt ([k * k * c, oc], output channels last).
 void forward_padded(const ConvShape& s, const Padded& xp, const float* wt, float* y) {
   const int oc = s.out_channels, nv = tile_vectors(oc), block = nv * kL, oblocks = oc / block;
-  const int max_tile = kMaxTile / nv, row_tiles = pieces(s.width, max_tile), c = s.in_channels;
+  const int row_tiles = pieces(s.width, max_tile(nv)), c = s.in_channels;
   const int k = s.kernel, kc = k * c;
   const int64_t items = int64_t(s.n) * s.height * row_tiles * oblocks;
   const double fma = double(s.n) * s.output_size() * k * kc;
@@ -172,8 +177,8 @@ void forward_padded(const ConvShape& s, const Padded& xp, const float* wt, float
 // tiles and walk the samples in order, so every sum runs in the same order for any thread count.
 void weight_grad_padded(const ConvShape& s, const Padded& xp, const float* dy, float* acc) {
   const int oc = s.out_channels, nv = tile_vectors(oc), block = nv * kL, oblocks = oc / block;
-  const int k = s.kernel, c = s.in_channels, kc = k * c, max_tile = kMaxTile / nv;
-  const int j_tiles = pieces(kc, max_tile), tiles = k * j_tiles * oblocks;
+  const int k = s.kernel, c = s.in_channels, kc = k * c;
+  const int j_tiles = pieces(kc, max_tile(nv)), tiles = k * j_tiles * oblocks;
   const double fma = double(s.n) * s.output_size() * k * kc;
 #pragma omp parallel if (fma > kParallelMinFma)
   for (int n = 0; n < s.n; ++n) {
