@@ -67,9 +67,11 @@ IFS=, read -ra thread_counts <<<"$threads_list"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # The BLAS runs one thread per call inside our kernels (docs/threads.md); PyTorch gets the same thread count.
+# Waiting OpenMP threads sleep, as lbbsp sets for itself (PyTorch's bundled libgomp reads the same variable).
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 for ((r = 0; r < rounds; ++r)); do
   for t in "${thread_counts[@]}"; do
-    OMP_NUM_THREADS=$t "$bench" --threads="$t" --benchmark_filter='^train_step/' --benchmark_min_time="$min_time" \
+    OMP_NUM_THREADS=$t "$bench" --threads="$t" --benchmark_filter='^(train_step/|peak/)' --benchmark_min_time="$min_time" \
       --benchmark_format=json >"$out/ours.$t.$r.json"
     for p in "${peer_names[@]}"; do
       OMP_NUM_THREADS=$t "${peer_python[$p]}" scripts/peers/pytorch_step.py --threads "$t" \
@@ -87,12 +89,14 @@ order = {"logreg": 0, "mlp": 1, "cnn": 2}
 def best(mapping, key, value):
     mapping[key] = max(mapping.get(key, 0.0), value)
 
-ours, wall, flops, simd = {}, {}, {}, "?"
+ours, wall, cpu, flops, simd, fma_peak = {}, {}, {}, {}, "?", 0.0
 for path in glob.glob(os.path.join(out, "ours.*.json")):
     t = int(path.split(".")[-3])
     doc = json.load(open(path))
     simd = doc["context"].get("lbbsp_simd", simd)
     for b in doc["benchmarks"]:
+        if b["name"].startswith("peak/fma") and "GFLOP/s" in b:
+            fma_peak = max(fma_peak, b["GFLOP/s"])
         m = re.match(r"train_step/(\w+)/batch:(\d+)", b["name"])
         if not m or b.get("run_type") == "aggregate":
             continue
@@ -100,6 +104,7 @@ for path in glob.glob(os.path.join(out, "ours.*.json")):
         best(ours, key, b["items_per_second"])
         best(wall, key, key[2] / (b["real_time"] * 1e-6))  # real_time is in microseconds
         best(flops, key, b["GFLOP/s"])
+        cpu[key] = min(cpu.get(key, float("inf")), b["cpu_time"])  # per step, all threads together
 theirs, versions = {p: {} for p in peers}, {}
 for p in peers:
     for path in glob.glob(os.path.join(out, f"{p}.*.jsonl")):
@@ -121,11 +126,14 @@ isa = ("AVX-512" if "avx512f" in flags else "AVX2+FMA" if {"avx2", "fma"} <= fla
 mhz = [float(x) for x in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", info, re.M)]
 ghz = ghz_arg or (max(mhz) / 1000 if mhz else 2.0)
 model_name = (re.search(r"^model name\s*:\s*(.*)$", info, re.M) or [None, "unknown CPU"])[1]
-core_peak = ghz * lanes * 2 * 2
+spec_peak = ghz * lanes * 2 * 2
+core_peak = fma_peak or spec_peak
 names = {"pypi": "PyTorch (PyPI)", "debian": "PyTorch (Debian)"}
 print(f"Build: {simd} kernels. PyTorch: " + ", ".join(f"{names[p]} {versions.get(p, '?')}" for p in peers) + ".")
-print(f"Peak assumption: {model_name}, {isa} ({lanes} fp32 FMA lanes) x 2 FMA pipes x 2 flops at {ghz:.2f} GHz "
-      f"= {core_peak:.0f} GFLOP/s per core. GFLOP/s counts GEMM-shaped work only (Model::flops_per_sample).")
+print(f"Peak: {core_peak:.0f} GFLOP/s per core, " + (f"measured (bench_models peak/fma: 12 FMA chains in registers, "
+      f"process CPU time); " if fma_peak else "") + f"from the spec sheet: {model_name}, {isa} ({lanes} fp32 FMA "
+      f"lanes) x 2 FMA pipes x 2 flops at {ghz:.2f} GHz = {spec_peak:.0f} GFLOP/s. GFLOP/s counts GEMM-shaped work "
+      f"only (Model::flops_per_sample).")
 keys = sorted({k[1:] for k in ours}, key=lambda k: (order.get(k[0], 9), k[1]))
 for t in thread_counts:
     peak = core_peak * t
@@ -148,13 +156,16 @@ for t in thread_counts:
 if len(thread_counts) > 1:
     base = thread_counts[0]
     print()
-    print(f"Our scaling, wall-time samples/s at N threads / at {base} (best rounds):")
+    print(f"Our scaling at N threads against {base}, best rounds: wall-time samples/s ratio (what the machine gave "
+          f"us), and the CPU time of a step summed over the threads, against {base} thread(s) (the cost of "
+          f"threading itself; near 1.00x means N idle cores would give close to N times the speed):")
     print()
-    print("| model | batch | " + " | ".join(f"{t} threads" for t in thread_counts[1:]) + " |")
-    print("|---|---:|" + "---:|" * (len(thread_counts) - 1))
+    print("| model | batch | " + " | ".join(f"{t} threads: wall speed-up | CPU time" for t in thread_counts[1:]) + " |")
+    print("|---|---:|" + "---:|---:|" * (len(thread_counts) - 1))
     for kind, batch in keys:
-        b = wall.get((base, kind, batch))
-        print(f"| {kind} | {batch} | " + " | ".join(f"{wall[(t, kind, batch)] / b:.2f}x" for t in thread_counts[1:]) + " |")
+        b, c = wall.get((base, kind, batch)), cpu.get((base, kind, batch))
+        print(f"| {kind} | {batch} | " + " | ".join(
+            f"{wall[(t, kind, batch)] / b:.2f}x | {cpu[(t, kind, batch)] / c:.2f}x" for t in thread_counts[1:]) + " |")
 PY
 )
 echo "$report"

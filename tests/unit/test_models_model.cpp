@@ -213,9 +213,10 @@ TEST(ModelStep, BitIdenticalForTheSameThreadCount) {
   EXPECT_THROW(set_num_threads(0), std::invalid_argument);
 }
 
-// The CNN's vector convolutions sum every output element on one thread in a fixed order (models/conv_simd.cpp)
-// and its fc layer is below gemm's split size at 28x28: its gradient is the same bits for 1, 2 and 3 threads.
-// (A portable build's im2col GEMMs are split by rows: there only closeness in norm holds, as above.)
+// The CNN's vector convolutions sum every output element on one thread in a fixed order
+// (models/conv_simd.cpp) and its fc layer is below gemm's split size at 28x28: its gradient is the same bits
+// for 1, 2 and 3 threads. (A portable build's im2col GEMMs are split by rows: there only closeness in norm
+// holds, as above.)
 TEST(ModelStep, CnnGradientDoesNotDependOnTheThreadCount) {
   Fixture f(config("cnn"), 70);
   set_num_threads(1);
