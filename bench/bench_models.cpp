@@ -210,7 +210,8 @@ void sgd_step_bench(benchmark::State& state) {
 }
 
 // The core's practical FMA peak on the build's vector unit: 12 independent multiply-add chains in registers
-// (enough to cover 2 pipes x 4-5 cycles of latency), nothing from memory. "of peak" in bench_vs_pytorch.sh uses it.
+// (enough to cover 2 pipes x 4-5 cycles of latency), nothing from memory. "of peak" in bench_vs_pytorch.sh
+// uses it.
 void fma_peak_bench(benchmark::State& state) {
 #ifdef LBBSP_SIMD_LANES
   constexpr int kChains = 12, kRepeats = 4096;
@@ -224,9 +225,9 @@ void fma_peak_bench(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(acc);
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kChains * kRepeats * simd::kLanes *
-                                                     double(state.iterations()) * 1e-9,
-                                                 benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * kChains * kRepeats * simd::kLanes * double(state.iterations()) * 1e-9,
+                         benchmark::Counter::kIsRate);
 #else
   state.SkipWithError("portable build: no vector unit to measure");
 #endif

@@ -11,6 +11,11 @@
 #include "models/simd.hpp"
 
 namespace lbbsp::models {
+#ifdef LBBSP_SIMD_EMULATE_512
+inline namespace emulated512 {
+#else
+inline namespace native {
+#endif
 
 #ifndef LBBSP_SIMD_LANES
 
@@ -244,4 +249,5 @@ bool conv_simd_backward(const ConvShape& s, const float* x, const float* w, cons
 
 #endif  // LBBSP_SIMD_LANES
 
+}  // namespace emulated512 or native
 }  // namespace lbbsp::models

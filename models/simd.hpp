@@ -30,6 +30,30 @@ inline Vec fmadd(Vec a, Vec b, Vec c) {
 }  // a * b + c
 constexpr int kAccumulators = 24;  // of 32 vector registers: the rest hold weights and a broadcast
 constexpr const char* kName = "AVX-512F";
+#elif defined(LBBSP_SIMD_EMULATE_512) && defined(__AVX2__) && defined(__FMA__)
+// Tests only (tests/unit/test_models_simd512.cpp): the AVX-512 path's 16 lanes and tile shapes on two AVX2
+// registers, so its indexing is exercised on a machine without AVX-512.
+#define LBBSP_SIMD_LANES 16
+struct Vec {
+  __m256 lo, hi;
+};
+inline Vec zero() {
+  return {_mm256_setzero_ps(), _mm256_setzero_ps()};
+}
+inline Vec load(const float* p) {
+  return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)};
+}
+inline void store(float* p, Vec v) {
+  _mm256_storeu_ps(p, v.lo), _mm256_storeu_ps(p + 8, v.hi);
+}
+inline Vec broadcast(const float* p) {
+  return {_mm256_broadcast_ss(p), _mm256_broadcast_ss(p)};
+}
+inline Vec fmadd(Vec a, Vec b, Vec c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+constexpr int kAccumulators = 24;
+constexpr const char* kName = "AVX-512F emulated on AVX2 (tests)";
 #elif defined(__AVX2__) && defined(__FMA__)
 #define LBBSP_SIMD_LANES 8
 using Vec = __m256;
