@@ -45,7 +45,7 @@ int tile_vectors(int channels) {
 bool fits_vectors(int channels) {
   return channels > 0 && channels % kL == 0;
 }
-// Pieces of at most max_piece covering [0, total), as even as possible (14 -> 5, 5, 4 for max_piece 6).
+// Pieces of at most max_piece covering [0, total), as even as possible (14 -> 4, 5, 5 for max_piece 6).
 int pieces(int total, int max_piece) {
   return (total + max_piece - 1) / max_piece;
 }
@@ -56,7 +56,6 @@ int piece_begin(int total, int count, int i) {
 // Zero-padded channels-last copy of one tensor [n, h, w, c] (or a [n, 1, h, w] one) with a border of pad.
 struct Padded {
   const float* data;
-  int hp, wp;
   size_t row, image;  // floats per padded row and per padded sample
 };
 Padded pad_input(const ConvShape& s, const float* x, std::vector<float>& buffer) {
@@ -76,7 +75,7 @@ Padded pad_input(const ConvShape& s, const float* x, std::vector<float>& buffer)
       std::fill(d + size_t(pad) * c + in_row, d + row, 0.0f);
     }
   }
-  return {buffer.data(), hp, wp, row, image};
+  return {buffer.data(), row, image};
 }
 
 // y[r, v] = sum over ky < k, j < kc of x[ky * row + r * c + j] * wt[(ky * kc + j) * oc + v]: R neighbouring
