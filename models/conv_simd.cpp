@@ -78,16 +78,21 @@ Padded pad_input(const ConvShape& s, const float* x, std::vector<float>& buffer)
   return {buffer.data(), row, image};
 }
 
-// y[r, v] = sum over ky < k, j < kc of x[ky * row + r * c + j] * wt[(ky * kc + j) * oc + v]: R neighbouring
-// output pixels of one row, NV vectors of output channels. x points at the first pixel's window corner.
+// y[r, v] = sum over ky < k, j < kc of x[offset[r] + ky * row + j] * wt[(ky * kc + j) * oc + v]: R
+// consecutive output pixels of one sample (a tile may wrap to the next row), NV vectors of output channels.
+// offset[r] is where pixel r's window starts in the padded sample x.
 template <int R, int NV>
-void forward_tile(const float* x, size_t row, int k, int kc, int c, const float* wt, int oc, float* y) {
+void forward_tile(const float* x, const size_t* offset, size_t row, int k, int kc, const float* wt, int oc,
+                  float* y) {
+  const float* px[R];  // loaded once: the compiler keeps them in general registers
+  LBBSP_UNROLL
+  for (int r = 0; r < R; ++r) px[r] = x + offset[r];
   Vec acc[R][NV];
   LBBSP_UNROLL
   for (int r = 0; r < R; ++r) LBBSP_UNROLL
   for (int v = 0; v < NV; ++v) acc[r][v] = simd::zero();
   for (int ky = 0; ky < k; ++ky) {
-    const float* xr = x + ky * row;
+    const size_t xr = ky * row;
     const float* wr = wt + size_t(ky) * kc * oc;
     for (int j = 0; j < kc; ++j, wr += oc) {
       Vec w[NV];
@@ -95,7 +100,7 @@ void forward_tile(const float* x, size_t row, int k, int kc, int c, const float*
       for (int v = 0; v < NV; ++v) w[v] = simd::load(wr + v * kL);
       LBBSP_UNROLL
       for (int r = 0; r < R; ++r) {
-        const Vec b = simd::broadcast(xr + r * c + j);
+        const Vec b = simd::broadcast(px[r] + xr + j);
         LBBSP_UNROLL
         for (int v = 0; v < NV; ++v) acc[r][v] = simd::fmadd(b, w[v], acc[r][v]);
       }
@@ -143,7 +148,7 @@ constexpr int kMaxTile1 = simd::kAccumulators < 14 ? simd::kAccumulators : 14,
 int max_tile(int vectors) {
   return vectors == 2 ? kMaxTile2 : kMaxTile1;
 }
-using ForwardFn = void (*)(const float*, size_t, int, int, int, const float*, int, float*);
+using ForwardFn = void (*)(const float*, const size_t*, size_t, int, int, const float*, int, float*);
 using WeightGradFn = void (*)(const float*, size_t, size_t, int, const float*, int, int, int, int, float*);
 template <int NV, size_t... I>
 constexpr std::array<ForwardFn, sizeof...(I)> forward_table(std::index_sequence<I...>) {
@@ -158,24 +163,24 @@ constexpr auto kForward2 = forward_table<2>(std::make_index_sequence<kMaxTile2>(
 constexpr auto kWeightGrad1 = weight_grad_table<1>(std::make_index_sequence<kMaxTile1>());
 constexpr auto kWeightGrad2 = weight_grad_table<2>(std::make_index_sequence<kMaxTile2>());
 
-// y[n, oy, ox, :] = sum over taps of the padded input times wt ([k * k * c, oc], output channels last).
+// y[n, oy, ox, :] = sum over taps of the padded input times wt ([k * k * c, oc], output channels last). Tiles
+// run over each sample's pixels in (oy, ox) order, so a 14-pixel row does not leave a narrow tile at its end.
 void forward_padded(const ConvShape& s, const Padded& xp, const float* wt, float* y) {
   const int oc = s.out_channels, nv = tile_vectors(oc), block = nv * kL, oblocks = oc / block;
-  const int row_tiles = pieces(s.width, max_tile(nv)), c = s.in_channels;
+  const int pixels = s.height * s.width, tiles = pieces(pixels, max_tile(nv)), c = s.in_channels;
   const int k = s.kernel, kc = k * c;
-  const int64_t items = int64_t(s.n) * s.height * row_tiles * oblocks;
+  const int64_t items = int64_t(s.n) * tiles * oblocks;
   const double fma = double(s.n) * s.output_size() * k * kc;
   // Dynamic: on a shared machine a thread the OS has paused holds up a few tiles, not its static share.
 #pragma omp parallel for schedule(dynamic, 4) if (fma > kParallelMinFma)
   for (int64_t item = 0; item < items; ++item) {
-    const int ob = int(item % oblocks), t = int(item / oblocks % row_tiles);
-    const int64_t line = item / oblocks / row_tiles;  // n * height + oy
-    const int n = int(line / s.height), oy = int(line % s.height);
-    const int ox0 = piece_begin(s.width, row_tiles, t), ox1 = piece_begin(s.width, row_tiles, t + 1);
-    const float* x = xp.data + size_t(n) * xp.image + size_t(oy) * xp.row + size_t(ox0) * c;
-    float* out = y + (size_t(line) * s.width + ox0) * oc + ob * block;
-    const ForwardFn fn = nv == 2 ? kForward2[ox1 - ox0 - 1] : kForward1[ox1 - ox0 - 1];
-    fn(x, xp.row, k, kc, c, wt + ob * block, oc, out);
+    const int ob = int(item % oblocks), t = int(item / oblocks % tiles), n = int(item / oblocks / tiles);
+    const int p0 = piece_begin(pixels, tiles, t), p1 = piece_begin(pixels, tiles, t + 1);
+    size_t offset[kMaxTile1 > kMaxTile2 ? kMaxTile1 : kMaxTile2];
+    for (int p = p0; p < p1; ++p) offset[p - p0] = size_t(p / s.width) * xp.row + size_t(p % s.width) * c;
+    float* out = y + (size_t(n) * pixels + p0) * oc + ob * block;
+    const ForwardFn fn = nv == 2 ? kForward2[p1 - p0 - 1] : kForward1[p1 - p0 - 1];
+    fn(xp.data + size_t(n) * xp.image, offset, xp.row, k, kc, wt + ob * block, oc, out);
   }
 }
 
