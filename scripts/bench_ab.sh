@@ -6,7 +6,7 @@
 # usage: scripts/bench_ab.sh A_BENCH B_BENCH [--threads 1,2] [--rounds 3] [--min-time 0.5]
 #   e.g. scripts/bench_ab.sh ../main/build/bench/bench_models build/bench/bench_models --threads 1,2
 set -euo pipefail
-(($# >= 2)) || { sed -n '2,8p' "$0" >&2; exit 2; }
+(($# >= 2)) || { sed -n '2,7p' "$0" >&2; exit 2; }
 a=$1 b=$2
 shift 2
 threads=1,2 rounds=3 min_time=0.5
