@@ -126,10 +126,10 @@ log "machine: $(tr '\n' ';' <"$out/machine.txt")"
 # ---- sizes: the real ones, or toy ones for the 2-core dry run ----
 if ((dry)); then
   ranks=${ranks:-"1 2"} samples=2048 scal_iters=6 cnn_iters=3 gb_mlp=256 pb_mlp=64 gb_cnn=32 pb_cnn=16
-  irank=2 ipin=0,1 itenants=1 iperiod=0.5 igb=512 iiters=40
+  irank=2 ipin=0,1 itenants=1 iperiod=0.5 igb=512 iiters=40 iextra=""
 else
   ranks=${ranks:-"1 2 4 8 16"} samples=16384 scal_iters=30 cnn_iters=15 gb_mlp=1024 pb_mlp=128 gb_cnn=256 pb_cnn=32
-  irank=8 ipin=0,1,2,3,4,5,6,7 itenants=5,6,7 iperiod=2 igb=4096 iiters=600
+  irank=8 ipin=0,1,2,3,4,5,6,7 itenants=5,6,7 iperiod=2 igb=4096 iiters=600 iextra=1
 fi
 
 # ---- 1. GPU tests and time vs batch ----
@@ -209,6 +209,10 @@ if wanted interference; then
     interference_run "pinned-bsp-p$iperiod-s1" bsp "$pinned"
     interference_run "pinned-narx-p$iperiod-s1" lbbsp-cpu "$pinned" --predictor narx
     interference_run "pinned-oracle-p$iperiod-s1" oracle "$pinned"
+    # One more recording for the predictors: faster switching (iextra s on, iextra s off).
+    for p in $iextra; do
+      interference_run "pinned-narx-p$p-s1" lbbsp-cpu "stress:$tenants;pin=$ipin;period=$p" --predictor narx
+    done
     # The same cores without co-tenants: rank r on core r, as pin=0,1,... places it.
     ibind=(--bind-to core --map-by core)
     interference_run "quiet-bsp-p0-s1" bsp none
