@@ -64,6 +64,7 @@ run_step() {
   ((limit > $(left))) && limit=$(left)
   if ((limit < 10)); then
     status "$name" "skipped" 0 "overall budget of ${budget}s spent"
+    failed=1  # not measured counts as not passed
     return 1
   fi
   log "$name: start (timeout ${limit}s): $*"
@@ -169,7 +170,8 @@ if wanted scaling; then
       for bal in bsp lbbsp-cpu; do
         run_step "scaling_${model}_$bal" 120 bench/scaling/run_scaling.sh --lbbsp "$lbbsp" --mpirun "$mpirun" \
           --bind core --ranks "$ranks" --model "$model" --data "$data" --global-batch "$gb" --per-rank-batch "$pb" \
-          --iterations "$iters" --epochs 1000 --out "$out/scaling/${model}_$bal" --train-args "--balancer $bal" \
+          --iterations "$iters" --epochs 1000 --out "$out/scaling/${model}_$bal" \
+          --train-args "--balancer $bal --eval-every 1000000 --test-subset 1000" \
           "${scal_flags[@]}"
       done
     done

@@ -82,7 +82,7 @@ def scaling_section(out, plots):
     if not rows:
         return lines + ["No scaling results under scaling/."]
     ranks = sorted(ranks)
-    lines += ["Efficiency (speed-up over the fewest ranks / ideal), samples/s below it; strong: fixed global batch, "
+    lines += ["Efficiency (speed-up over the fewest ranks / ideal), samples/s in brackets; strong: fixed global batch, "
               "weak: fixed batch per rank.", "",
               "| model_balancer | sweep | batch | " + " | ".join(f"{n} rank{'s' if n > 1 else ''}" for n in ranks) + " |",
               "|---|---|---|" + "---:|" * len(ranks)]
