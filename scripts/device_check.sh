@@ -224,12 +224,15 @@ fi
 # ---- 4. the PyTorch integration's benchmark, once it has landed ----
 if wanted torch; then
   torch_bench=$(ls scripts/torch_bench* 2>/dev/null | head -n 1)
+  torch_py=${LBBSP_TORCH_PYTHON:-python3}
   if [[ -z $torch_bench ]]; then
     status torch "not present" 0 "no scripts/torch_bench* in this checkout"
+  elif ! "$torch_py" -c "import lbbsp.torch" 2>/dev/null; then
+    status torch "not present" 0 "$torch_py cannot import lbbsp.torch (pip install . into a venv with torch; LBBSP_TORCH_PYTHON=PY)"
   else
-    torch_args=()
-    ((dry)) && torch_args=(--dry-run)
-    OUT=$out/torch run_step torch 120 "$torch_bench" "${torch_args[@]}"
+    torch_args=(--python "$torch_py" --lbbsp "$lbbsp" --out "$out/torch")
+    ((dry)) && torch_args+=(--dry-run)
+    run_step torch 120 "$torch_bench" "${torch_args[@]}"
   fi
 fi
 

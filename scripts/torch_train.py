@@ -72,18 +72,21 @@ def train(a):
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     caps = [float(c) for c in a.straggle.split(",")]
     cap = caps[rank % len(caps)]
-    balancer = "bsp" if a.plain_ddp else a.balancer
+    balancer = "bsp" if a.plain_ddp else "oracle" if a.oracle else a.balancer
     # Plain DDP keeps its averaging hook (model=None: LoadBalancer registers nothing) and the equal split.
     lb = LoadBalancer(None if a.plain_ddp else model, dataset_size=len(xtr), global_batch=a.global_batch,
-                      balancer=balancer, predictor=a.predictor, seed=a.seed)
+                      balancer="bsp" if a.oracle else balancer, predictor=a.predictor, seed=a.seed)
+    # Fixed split: equal for plain DDP, the exact assignment for the known capacities for --oracle.
+    fixed = lbbsp.assign_by_speed([caps[r % len(caps)] for r in range(world)], a.global_batch) if a.oracle \
+        else lb.batch_sizes
     steps = min(a.max_iterations or 1 << 62, lb.steps_per_epoch * a.epochs)
     train_s, control_s, time_to_target, acc = 0.0, 0.0, None, float("nan")
     dist.barrier()
     for g in range(steps):
         t0 = time.perf_counter()
         epoch, step = divmod(g, lb.steps_per_epoch)
-        if a.plain_ddp:  # the fixed equal split, no controller at all
-            idx = torch.from_numpy(lbbsp.rank_indices(lb.permutation(epoch), step, lb.batch_sizes, rank))
+        if a.plain_ddp or a.oracle:  # a fixed split, no controller at all
+            idx = torch.from_numpy(lbbsp.rank_indices(lb.permutation(epoch), step, fixed, rank))
         else:
             idx = torch.from_numpy(lb.indices(epoch, step))
         with lb.timed():
@@ -99,7 +102,7 @@ def train(a):
         opt.step()
         opt.zero_grad(set_to_none=True)
         t_control = time.perf_counter()
-        if not a.plain_ddp:
+        if not (a.plain_ddp or a.oracle):
             lb.step()
         control_s += time.perf_counter() - t_control
         train_s += time.perf_counter() - t0
@@ -108,12 +111,12 @@ def train(a):
             if a.target_accuracy and time_to_target is None and acc >= a.target_accuracy:
                 time_to_target = train_s
     if rank == 0:
-        s = {"runner": "plain-ddp" if a.plain_ddp else "ddp+lbbsp", "balancer": balancer, "ranks": world,
+        s = {"runner": "plain-ddp" if a.plain_ddp else "ddp+oracle" if a.oracle else "ddp+lbbsp", "balancer": balancer, "ranks": world,
              "model": a.model, "global_batch": a.global_batch, "iterations": steps, "train_time_s": train_s,
              "mean_iteration_s": train_s / max(steps, 1), "controller_fraction": control_s / max(train_s, 1e-12),
              "decide_fraction": lb.timing["decide_s"] / max(train_s, 1e-12),
              "test_accuracy": acc, "target_accuracy": a.target_accuracy, "time_to_target_s": time_to_target,
-             "final_batch_sizes": lb.batch_sizes.tolist(), "torch": torch.__version__, "lbbsp": lbbsp.__version__}
+             "final_batch_sizes": (fixed if a.plain_ddp or a.oracle else lb.batch_sizes).tolist(), "torch": torch.__version__, "lbbsp": lbbsp.__version__}
         print(json.dumps(s), flush=True)
         if a.summary_json:
             with open(a.summary_json, "w") as f:
@@ -139,6 +142,8 @@ def main():
     ap.add_argument("--balancer", default="lbbsp-cpu")
     ap.add_argument("--predictor", default="narx")
     ap.add_argument("--plain-ddp", action="store_true", help="stock DDP: equal split, averaging allreduce")
+    ap.add_argument("--oracle", action="store_true",
+                    help="the best fixed split for the --straggle capacities (no controller): the upper bound")
     ap.add_argument("--straggle", default="1", help="capacity per rank, cycled (e.g. 1,1,0.5,0.25)")
     ap.add_argument("--cost-slope", type=float, default=0.0, help="emulated cost: S seconds per sample / capacity")
     ap.add_argument("--threads", type=int, default=1)

@@ -27,7 +27,7 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
 else
   [[ $(st gpu) == "no GPU" ]] || fail "gpu step without a GPU: '$(st gpu)', expected 'no GPU'"
 fi
-if compgen -G "$ROOT/scripts/torch_bench*" >/dev/null; then
+if compgen -G "$ROOT/scripts/torch_bench*" >/dev/null && ${LBBSP_TORCH_PYTHON:-python3} -c "import lbbsp.torch" 2>/dev/null; then
   [[ $(st torch) == ok ]] || fail "torch step: '$(st torch)'"
 else
   [[ $(st torch) == "not present" ]] || fail "torch step: '$(st torch)', expected 'not present'"
