@@ -58,7 +58,8 @@ expect_fail "timeline-iterations '5': expected FIRST:END" "$LBBSP" "${T[@]}" --t
 expect_fail "timeline-iterations '9:3': END must be larger than FIRST" "$LBBSP" "${T[@]}" \
   --timeline "$SCRATCH/t.json" --timeline-iterations 9:3
 # Counts ride in the float reduction buffer: exact only up to 2^24, so a larger global batch is refused up front.
-expect_fail "global-batch 16777217 is above 16777216 \(2\^24\)" "$LBBSP" "${T[@]}" --global-batch 16777217
+expect_fail "global-batch 16777217 is above 16777216 \(2\^24\)" "$LBBSP" train --data "$DATA" \
+  --global-batch 16777217 --max-iterations 2 --quiet
 expect_fail "log-dir: cannot create .*afile.: Not a directory" "$LBBSP" "${T[@]}" --log-dir "$SCRATCH/afile"
 
 # Straggle specs.
