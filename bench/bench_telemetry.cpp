@@ -2,13 +2,15 @@
 // every 200 iterations, as the trainer does; counters compare the mean flush of the last tenth of the run
 // with the first tenth (1.0: the cost does not grow with the rows already in the file) and the writer's
 // resident memory growth. BM_TimelineEnqueue: what one iteration's slices cost the training thread (the
-// writer thread formats and writes them). Files go to $TMPDIR (96 x 100,000 rows: about 1 GB, removed
+// writer thread formats and writes them): the CPU column is the training thread's, the counter
+// process_cpu_us_per_iteration adds the writer's. Files go to $TMPDIR (96 x 100,000 rows: about 1 GB, removed
 // afterwards).
 //   build/bench/bench_telemetry --benchmark_filter=TelemetryRun/96/100000
 #include <benchmark/benchmark.h>
 
 #include <unistd.h>
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -33,6 +35,12 @@ double rss_mb() {
 std::string bench_dir(const char* name) {
   return (fs::temp_directory_path() / ("lbbsp_bench_" + std::string(name) + "_" + std::to_string(::getpid())))
       .string();
+}
+
+double process_cpu_s() {  // every thread of the process, the timeline writer included
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
 double mean(const std::vector<double>& v, size_t lo, size_t hi) {
@@ -97,6 +105,7 @@ static void BM_TimelineEnqueue(benchmark::State& state) {
   {
     Timeline t(path);
     int64_t it = 0;
+    const double cpu0 = process_cpu_s();
     for (auto _ : state) {
       const double start = it * 2e-4;
       for (int r = 0; r < ranks; ++r) {
@@ -109,6 +118,8 @@ static void BM_TimelineEnqueue(benchmark::State& state) {
       ++it;
     }
     t.sync();
+    state.counters["process_cpu_us_per_iteration"] =
+        1e6 * (process_cpu_s() - cpu0) / std::max<int64_t>(1, it);
     state.counters["bytes_per_rank_iteration"] =
         static_cast<double>(fs::file_size(path)) / std::max<int64_t>(1, it * ranks);
   }
