@@ -74,8 +74,10 @@ TelemetryWriter::TelemetryWriter(const std::string& dir, bool csv,
 void TelemetryWriter::create_file(const std::vector<std::pair<std::string, std::string>>& attrs) {
   h5::quiet_errors();
   h5::Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
+#if H5_VERSION_GE(1, 10, 7)
   // No lock: h5py may read the rows flushed so far while the run goes on (HDF5 locks files it writes).
   LBBSP_H5_CHECK(H5Pset_file_locking(fapl, false, true));
+#endif
   file_ = h5::Handle(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
   if (!file_.valid()) throw std::runtime_error("--log-dir: cannot create '" + path_ + "' (is it writable?)");
   h5::Handle g = h5::ensure_group(file_, "/records");

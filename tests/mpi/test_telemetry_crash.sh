@@ -1,7 +1,8 @@
 # SIGKILL of the whole job mid-run: telemetry.h5 reads back with h5py and holds every row flushed before the kill
 # (whole iterations, every field the same length, nothing zero-filled), and the timeline is valid JSON holding
-# only the --timeline-iterations window. Rank 1 hangs at iteration HANG (--inject-fault), so the kill comes while
-# rank 0 waits in the allreduce: the rows of the iterations before HANG are all flushed (every 200) by then.
+# only the --timeline-iterations window; before the kill, h5py reads the file while the run holds it open.
+# Rank 1 hangs at iteration HANG (--inject-fault), so the kill comes while rank 0 waits in the allreduce: the rows
+# of the iterations before HANG are all flushed (every 200) by then.
 source "$(dirname "$0")/../cli/common.sh"
 DATA=$SCRATCH/synth.h5
 "$LBBSP" data synth --samples 2048 --features 64 --classes 4 --seed 1 --out "$DATA" >/dev/null
@@ -14,6 +15,12 @@ mpirun_n $RANKS "$LBBSP" train --data "$DATA" --model logreg --epochs 1000 --glo
 job=$!
 wait_for_iteration "$SCRATCH/run.log" $HANG 120
 sleep 1  # rank 0 is in the allreduce of iteration HANG; the timeline writer wakes every 0.2 s
+# While the run goes on, the file (open, without a lock) reads back up to the last flush.
+/usr/bin/python3 -c "
+import sys, h5py
+n = len(h5py.File(sys.argv[1], 'r')['records']['iteration'])
+assert n >= $HANG * $RANKS, n
+print('ok: read', n, 'rows while the run goes on')" "$SCRATCH/run/telemetry.h5" || fail "cannot read telemetry mid-run"
 exe=$(readlink -f "$LBBSP")
 pids=$(pgrep -f -- "--seed 424242" | while read -r p; do
   [[ $(readlink /proc/$p/exe 2>/dev/null) == "$exe" ]] && echo "$p"; done || true)
