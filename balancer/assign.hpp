@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "balancer/balancer.hpp"
+#include "balancer.hpp"  // sibling include: also resolves in the installed include/lbbsp/balancer/
 
 namespace lbbsp::balancer {
 

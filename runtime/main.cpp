@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   lbbsp::cli::add_info_command(app);
   lbbsp::cli::add_predict_eval_command(app);
   lbbsp::cli::add_simulate_command(app);
+  lbbsp::cli::add_report_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -88,6 +88,9 @@ void add_simulate_command(CLI::App& app) {
                 "Tell predictors the coming step's capacity (known co-tenant load)");
   cmd->add_option("--trace-out", c.trace_out,
                   "CSV of per-iteration batch vectors (balancer,iteration,...,b0..)");
+  cmd->add_option(
+      "--reports-out", c.reports_out,
+      "CSV of the report each balancer got per iteration and worker (batch, compute_s, cpu_avail, ...)");
   cmd->callback([opt] {
     opt->cfg.balancers = runtime::split_balancer_list(opt->balancers);
     const auto traces = runtime::load_traces(opt->traces);

@@ -107,8 +107,21 @@ struct Run {
   double total_iteration_s = 0, total_compute_s = 0, wait_worker_s = 0, busy_worker_s = 0, decision_s = 0;
 };
 
+// One CSV row per worker of the report a balancer gets, every double exact (17 significant digits): a program
+// that feeds the same reports to the same balancer (the Python package's tests do) must get the same vectors.
+void write_reports(std::ostream& out, const std::string& balancer, const balancer::IterationReport& report) {
+  char buf[160];
+  for (size_t i = 0; i < report.workers.size(); ++i) {
+    const balancer::WorkerReport& w = report.workers[i];
+    std::snprintf(buf, sizeof buf, ",%lld,%zu,%lld,%.17g,%.17g,%.17g,%lld\n",
+                  static_cast<long long>(report.iteration), i, static_cast<long long>(w.batch), w.compute_s,
+                  w.exo[0], w.capacity_next, static_cast<long long>(w.mem_cap));
+    out << balancer << buf;
+  }
+}
+
 Run run_one(const SimulatorConfig& cfg, const Cluster& cluster, balancer::Balancer& bal, int64_t X,
-            double allreduce_s, std::ostream* trace_out) {
+            double allreduce_s, std::ostream* trace_out, std::ostream* reports_out) {
   const size_t n = static_cast<size_t>(cfg.workers);
   const bool gpu = cfg.profile == "gpu";
   balancer::IterationReport report;
@@ -176,6 +189,7 @@ Run run_one(const SimulatorConfig& cfg, const Cluster& cluster, balancer::Balanc
         w.curve_next = TimeCurve{c.floor_s / cap_next, c.sat_batch, c.slope_s_per_sample / cap_next};
       }
     }
+    if (reports_out) write_reports(*reports_out, bal.name(), report);
     const auto start = std::chrono::steady_clock::now();
     batch = bal.next(report);
     run.decision_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -252,6 +266,12 @@ SimulationResult simulate(const SimulatorConfig& cfg, const std::vector<TraceSer
     *trace_file << '\n';
     trace_file->precision(9);
   }
+  std::unique_ptr<std::ofstream> reports_file;
+  if (!cfg.reports_out.empty()) {
+    reports_file = std::make_unique<std::ofstream>(cfg.reports_out);
+    if (!*reports_file) throw std::runtime_error("simulate: cannot write " + cfg.reports_out);
+    *reports_file << "balancer,iteration,worker,batch,compute_s,cpu_avail,capacity_next,mem_cap\n";
+  }
 
   SimulationResult result;
   result.workers = cfg.workers;
@@ -262,7 +282,8 @@ SimulationResult simulate(const SimulatorConfig& cfg, const std::vector<TraceSer
   result.allreduce_s = ring_allreduce_s(cfg.workers, cfg.grad_bytes, cfg.bandwidth_Bps, cfg.latency_s);
   double bsp_mean = 0, oracle_mean = 0;
   for (size_t k = 0; k < balancers.size(); ++k) {
-    const Run run = run_one(cfg, cluster, *balancers[k], X, result.allreduce_s, trace_file.get());
+    const Run run =
+        run_one(cfg, cluster, *balancers[k], X, result.allreduce_s, trace_file.get(), reports_file.get());
     BalancerResult r;
     r.balancer = entries[k];
     r.predictor = predictor_of[k];

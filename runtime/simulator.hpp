@@ -36,9 +36,10 @@ struct SimulatorConfig {
   double grad_bytes = 1 << 20;    // ring allreduce: 2 (N-1)/N bytes / bandwidth + 2 (N-1) latency
   double bandwidth_Bps = 1.25e9;  // 10 GbE
   double latency_s = 25e-6;
-  bool exo_next = false;  // pass the coming step's capacity as exo_next (the co-tenant's known load)
-  int64_t min_batch = 0;  // per worker, for every balancer
-  std::string trace_out;  // CSV of per-iteration batch vectors when not empty
+  bool exo_next = false;    // pass the coming step's capacity as exo_next (the co-tenant's known load)
+  int64_t min_batch = 0;    // per worker, for every balancer
+  std::string trace_out;    // CSV of per-iteration batch vectors when not empty
+  std::string reports_out;  // CSV of the reports every balancer received (per iteration and worker)
 };
 
 struct BalancerResult {

@@ -194,24 +194,6 @@ std::string format_eta(double s) {
 
 }  // namespace
 
-std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch) {
-  std::vector<int64_t> p(n);
-  std::iota(p.begin(), p.end(), 0);
-  // splitmix64 stream: portable, no dependence on std::uniform_int_distribution's implementation.
-  uint64_t state = seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(epoch) * 0xBF58476D1CE4E5B9ULL + 1;
-  auto next = [&] {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  };
-  for (int64_t i = n - 1; i > 0; --i) {
-    auto j = static_cast<int64_t>(next() % static_cast<uint64_t>(i + 1));
-    std::swap(p[i], p[j]);
-  }
-  return p;
-}
-
 int run_training(const TrainConfig& cfg, Comm& comm) {
   const int R = comm.size(), me = comm.rank();
   const bool root = comm.is_root();
@@ -539,8 +521,7 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
     watchdog.beat(it, "compute");
 
     // My slice of the global batch: positions [pos*X + b_0 + ... + b_{me-1}, + b_me) of the permutation.
-    int64_t offset = 0;
-    for (int r = 0; r < me; ++r) offset += batch[r];
+    const int64_t offset = balancer::slice_offset(batch, me);
     const int64_t n = batch[me];
     rows.assign(perm.begin() + pos * X + offset, perm.begin() + pos * X + offset + n);
     x.resize(static_cast<size_t>(n) * dim);

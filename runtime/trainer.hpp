@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "balancer/sampling.hpp"
 #include "runtime/comm.hpp"
 
 namespace lbbsp::runtime {
@@ -61,7 +62,7 @@ struct TrainConfig {
 // written. (1 on ranks other than 0 after a set-up error, which rank 0 reports by aborting the job.)
 int run_training(const TrainConfig& cfg, Comm& comm);
 
-// Fisher-Yates with our own index draw, so the permutation is the same on every platform and library.
-std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
+// The epoch permutation lives in the core library (balancer/sampling.hpp), shared with the Python package.
+using balancer::epoch_permutation;
 
 }  // namespace lbbsp::runtime

@@ -41,8 +41,8 @@ for balancer in bsp lbbsp-cpu; do
   echo "== $balancer: $ranks ranks, MLP, straggle $straggle"
   mkdir -p "$out/$balancer"
   mpirun -n "$ranks" --oversubscribe --bind-to none build/lbbsp train --data data/fashion-mnist.h5 --model mlp \
-    --global-batch 256 --lr 0.1 --momentum 0.9 --epochs 10 --max-iterations "$iterations" --seed 1 \
-    --balancer "$balancer" --predictor narx --straggle "$straggle" --eval-every 100 --test-subset 5000 \
+    --global-batch 256 --lr 0.1 --lr-schedule constant --momentum 0.9 --epochs 10 --max-iterations "$iterations" \
+    --seed 1 --balancer "$balancer" --predictor narx --straggle "$straggle" --eval-every 100 --test-subset 5000 \
     --target-accuracy 0.85 --progress-every 100 --log-dir "$out/$balancer" --timeline "$out/$balancer/timeline.json" \
     --summary-json "$out/$balancer/summary.json"
   /usr/bin/python3 scripts/plot_run.py "$out/$balancer" >/dev/null
@@ -64,3 +64,8 @@ for s in rows:
           f"{fmt(s['time_to_target_s'])} | {s['test_accuracy']:.4f} |")
 print(f"\nplots and telemetry: {out}/bsp/*.png, {out}/lbbsp-cpu/*.png (timeline.json opens in ui.perfetto.dev)")
 PY
+
+# Where the time went, side by side (docs/report.md): per-rank wait, straggler episodes, predictor error, savings.
+echo
+build/lbbsp report "$out/bsp" "$out/lbbsp-cpu" --html "$out/report"
+echo "comparison: $out/report/iteration_time.png (also batch_split.png, wait.png, report.md, report.html)"

@@ -8,6 +8,7 @@ iteration), speed.png (predicted vs actual speed per rank) into DIR (default RUN
 import argparse
 import os
 import sys
+import textwrap
 
 import h5py
 import matplotlib
@@ -36,14 +37,17 @@ def main():
     out = a.out or a.run_dir
     os.makedirs(out, exist_ok=True)
     r, attrs = load(a.run_dir)
-    title = f"{attrs.get('model', '?')} · {attrs.get('balancer', '?')} · {attrs.get('straggle', '')}"
+    # The straggle spec can be longer than the figure is wide: it goes on its own wrapped, smaller line.
+    straggle = "\n".join(textwrap.wrap("straggle " + attrs.get("straggle", ""), 110))
+    title = f"{attrs.get('model', '?')} · {attrs.get('balancer', '?')}\n{straggle}"
     ranks = sorted(set(r["rank"].tolist()))
 
     fig, ax = plt.subplots(figsize=(9, 4))
     for k in ranks:
         m = r["rank"] == k
         ax.plot(r["iteration"][m], r["batch"][m], label=f"rank {k}", lw=1)
-    ax.set(xlabel="iteration", ylabel="batch size", title="Per-rank batch size · " + title)
+    ax.set(xlabel="iteration", ylabel="batch size")
+    ax.set_title("Per-rank batch size · " + title, fontsize=9)
     ax.legend(ncol=4, fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "batch_sizes.png"), dpi=110)
@@ -54,7 +58,8 @@ def main():
     fig, ax = plt.subplots(figsize=(9, 4))
     ax.plot(its, slowest, label="slowest rank's compute (s)", lw=1)
     ax.plot(its, waits, label="mean wait at the allreduce (s)", lw=1)
-    ax.set(xlabel="iteration", ylabel="seconds", title="Iteration time · " + title)
+    ax.set(xlabel="iteration", ylabel="seconds")
+    ax.set_title("Iteration time · " + title, fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(out, "iteration_time.png"), dpi=110)
@@ -66,7 +71,8 @@ def main():
         if np.any(r["predicted_speed"][m] > 0):
             ax.plot(r["iteration"][m], r["predicted_speed"][m], "--", lw=1, color=line[0].get_color(),
                     label=f"rank {k} predicted")
-    ax.set(xlabel="iteration", ylabel="samples/s", title="Predicted vs actual speed · " + title)
+    ax.set(xlabel="iteration", ylabel="samples/s")
+    ax.set_title("Predicted vs actual speed · " + title, fontsize=9)
     ax.legend(ncol=4, fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "speed.png"), dpi=110)

@@ -81,9 +81,9 @@ def record(a, name, straggle, seed, runs_dir, global_batch=256):
     os.makedirs(d, exist_ok=True)
     cmd = ["mpirun", "-n", str(a.ranks), "--oversubscribe", "--bind-to", "none", a.lbbsp, "train",
            "--data", a.data, "--model", "mlp", "--global-batch", str(global_batch), "--lr", "0.1", "--epochs", "100",
-           "--max-iterations", str(a.iterations), "--seed", str(seed), "--balancer", "lbbsp-cpu",
-           "--predictor", "narx", "--straggle", straggle, "--eval-every", "1000000", "--test-subset", "1000",
-           "--log-dir", d]
+           "--lr-schedule", "constant", "--max-iterations", str(a.iterations), "--seed", str(seed),
+           "--balancer", "lbbsp-cpu", "--predictor", "narx", "--straggle", straggle, "--eval-every", "1000000",
+           "--test-subset", "1000", "--log-dir", d]
     if a.allreduce != "auto":
         cmd += ["--allreduce", a.allreduce]
     with open(os.path.join(d, "command.txt"), "w") as f:

@@ -81,6 +81,22 @@ print("ok: --config repeats the run from its config.toml; the command line wins"
 PY
 diff <(grep -v '^log-dir=\|^summary-json=' "$SCRATCH/cfg_a/config.toml") \
   <(grep -v '^log-dir=\|^summary-json=' "$SCRATCH/cfg_b/config.toml") || fail "the repeated run's config.toml differs"
+# Per-model defaults: --lr, --lr-schedule and --global-batch not given take the model's (README, Measured), which
+# config.toml records so that --config of it repeats the run; a value on the command line or in --config wins.
+D=(train --data "$SCRATCH/f.h5" --max-iterations 8 --test-subset 200 --quiet)
+"$LBBSP" "${D[@]}" --model logreg --log-dir "$SCRATCH/def_a" --summary-json "$SCRATCH/def_a/s.json"
+"$LBBSP" "${D[@]}" --model mlp --hidden 16 --log-dir "$SCRATCH/def_m"
+printf '[train]\nmodel = "logreg"\nlr = 0.3\n' >"$SCRATCH/def.toml"
+"$LBBSP" "${D[@]}" --config "$SCRATCH/def.toml" --lr-schedule constant --log-dir "$SCRATCH/def_c"
+"$LBBSP" "${D[@]}" --config "$SCRATCH/def_a/config.toml" --log-dir "$SCRATCH/def_b" \
+  --summary-json "$SCRATCH/def_b/s.json"
+has() { grep -qx -- "$2" "$SCRATCH/$1/config.toml" || fail "$1/config.toml lacks '$2': $(<"$SCRATCH/$1/config.toml")"; }
+has def_a 'lr=0.1'; has def_a 'lr-schedule="cosine"'; has def_a 'global-batch=256'
+has def_m 'lr=0.05'; has def_m 'lr-schedule="cosine"'; has def_m 'global-batch=64'
+has def_c 'lr=0.3'; has def_c 'lr-schedule="constant"'; has def_c 'global-batch=256'
+/usr/bin/python3 -c "
+import json, sys; a, b = (json.load(open(f'$SCRATCH/def_{x}/s.json')) for x in 'ab')
+assert a['global_batch'] == 256 and a['params_checksum'] == b['params_checksum'], (a, b); print('defaults ok')"
 printf '[train]\ndata = "%s"\nglobal-bach = 64\n' "$SCRATCH/f.h5" >"$SCRATCH/typo.toml"
 expect_fail "config: unknown key 'train.global-bach'" "$LBBSP" train --config "$SCRATCH/typo.toml"
 printf 'data = "%s"\n' "$SCRATCH/f.h5" >"$SCRATCH/nosection.toml"

@@ -26,7 +26,8 @@ ckpts() { (cd "$1" && ls ckpt-*.h5 | tr '\n' ' '); }
 train() {
   local np=$1 model=$2 bal=$3 lag=$4 max=$5; shift 5
   mpirun_n "$np" "$LBBSP" train --data "$DATA" --model "$model" --hidden 32 --epochs 1 --global-batch 32 --lr 0.05 \
-    --momentum 0.9 --balancer "$bal" --lag "$lag" --max-iterations "$max" --seed "${SEED:-5}" --test-subset 256 --quiet "$@"
+    --lr-schedule constant --momentum 0.9 --balancer "$bal" --lag "$lag" --max-iterations "$max" --seed "${SEED:-5}" \
+    --test-subset 256 --quiet "$@"
 }
 
 for cfg in "logreg random:7 0" "mlp random:9 1" "mlp bsp 0"; do

@@ -4,7 +4,7 @@ source "$(dirname "$0")/../cli/common.sh"
 DATA=$SCRATCH/synth.h5
 "$LBBSP" data synth --samples 2048 --features 64 --classes 4 --seed 1 --out "$DATA" >/dev/null
 EVERY=20
-BASE=(train --data "$DATA" --model mlp --hidden 32 --epochs 500 --global-batch 32 --lr 0.05 --seed 737373
+BASE=(train --data "$DATA" --model mlp --hidden 32 --epochs 500 --global-batch 32 --lr 0.05 --lr-schedule constant --seed 737373
       --test-subset 64 --progress-every 1)
 TRAIN=("${BASE[@]}" --checkpoint-dir "$SCRATCH/ck" --checkpoint-every $EVERY)
 # An emulated slow device keeps the run going while we kill it (5 ms per iteration at least).

@@ -6,7 +6,7 @@
 source "$(dirname "$0")/../cli/common.sh"
 DATA=$SCRATCH/synth.h5
 "$LBBSP" data synth --samples 2048 --features 64 --classes 4 --seed 1 --out "$DATA" >/dev/null
-BASE=(train --data "$DATA" --model mlp --hidden 32 --epochs 500 --global-batch 32 --lr 0.05 --seed 646464
+BASE=(train --data "$DATA" --model mlp --hidden 32 --epochs 500 --global-batch 32 --lr 0.05 --lr-schedule constant --seed 646464
       --test-subset 64 --progress-every 1)
 # An emulated slow device keeps the run going while we signal it (5 ms per iteration at least).
 SLOW=(--straggle "static:1;gpu=0.005:1000000:0:1000000")
