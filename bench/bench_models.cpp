@@ -1,7 +1,7 @@
 // Google Benchmark of every model kernel and of a full train step (forward_backward + Sgd::step) per model.
-// Extra flag: --threads=N (default 1) sets our OpenMP and OpenBLAS threads, as the trainer's --threads does.
-// Train steps are named train_step/<model>/<batch>; items_per_second is samples/s, GFLOP/s uses
-// Model::flops_per_sample (GEMM work of forward + backward).
+// Extra flag: --threads=N (default 1) sets our OpenMP threads, as the trainer's --threads does (the BLAS runs
+// one thread per call: docs/threads.md). Train steps are named train_step/<model>/<batch>; items_per_second
+// is samples/s, GFLOP/s uses Model::flops_per_sample (GEMM work of forward + backward).
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -17,6 +17,7 @@
 #include "models/model.hpp"
 #include "models/optimizer.hpp"
 #include "models/pool.hpp"
+#include "models/simd.hpp"
 #include "models/softmax_xent.hpp"
 
 namespace lbbsp::models {
@@ -208,8 +209,32 @@ void sgd_step_bench(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * int64_t(count) * 16);
 }
 
+// The core's practical FMA peak on the build's vector unit: 12 independent multiply-add chains in registers
+// (enough to cover 2 pipes x 4-5 cycles of latency), nothing from memory. "of peak" in bench_vs_pytorch.sh
+// uses it.
+void fma_peak_bench(benchmark::State& state) {
+#ifdef LBBSP_SIMD_LANES
+  constexpr int kChains = 12, kRepeats = 4096;
+  simd::Vec acc[kChains];
+  for (int j = 0; j < kChains; ++j) acc[j] = simd::zero();
+  const float a_value = 0.999f, b_value = 1e-3f;
+  const simd::Vec a = simd::broadcast(&a_value), b = simd::broadcast(&b_value);
+  for (auto _ : state) {
+    for (int i = 0; i < kRepeats; ++i) {
+      _Pragma("GCC unroll 12") for (int j = 0; j < kChains; ++j) acc[j] = simd::fmadd(acc[j], a, b);
+    }
+    benchmark::DoNotOptimize(acc);
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * kChains * kRepeats * simd::kLanes * double(state.iterations()) * 1e-9,
+                         benchmark::Counter::kIsRate);
+#else
+  state.SkipWithError("portable build: no vector unit to measure");
+#endif
+}
+
 // With one thread, rates use process CPU time (robust on a shared machine; it matches the PyTorch peer's
-// process_time); with more, wall time (CPU time would add the threads up).
+// process_time); with more, wall time (CPU time would add the threads up), and cpu_time is that sum.
 void register_all(int threads) {
   benchmark::RegisterBenchmark("kernel/dense_forward_relu/64x784x256", dense_forward_bench);
   benchmark::RegisterBenchmark("kernel/dense_backward/64x784x256", dense_backward_bench);
@@ -222,14 +247,13 @@ void register_all(int threads) {
   benchmark::RegisterBenchmark("kernel/bias_backward/64x14x14x16", bias_backward_bench);
   benchmark::RegisterBenchmark("kernel/softmax_xent/64x10", softmax_xent_bench);
   benchmark::RegisterBenchmark("kernel/sgd_step/235146", sgd_step_bench);
+  benchmark::RegisterBenchmark("peak/fma", fma_peak_bench)->MeasureProcessCPUTime();
   for (const char* kind : {"logreg", "mlp", "cnn"}) {
     auto* b = benchmark::RegisterBenchmark((std::string("train_step/") + kind).c_str(), train_step,
                                            std::string(kind));
     b->ArgName("batch")->Arg(32)->Arg(64)->Arg(256)->Unit(benchmark::kMicrosecond);
-    if (threads == 1)
-      b->MeasureProcessCPUTime();
-    else
-      b->UseRealTime();
+    b->MeasureProcessCPUTime();  // cpu_time: all threads together
+    if (threads > 1) b->UseRealTime();
   }
 }
 
@@ -246,13 +270,9 @@ int main(int argc, char** argv) {
       argv[kept++] = argv[i];
   }
   argc = kept;
-  if (threads > 1 && !std::getenv("OMP_WAIT_POLICY"))  // see set_num_threads in models/model.cpp
-    std::fprintf(stderr,
-                 "bench_models: --threads=%d without OMP_WAIT_POLICY=passive: OpenMP workers spinning "
-                 "between regions compete with OpenBLAS's threads and distort the timings\n",
-                 threads);
   lbbsp::models::set_num_threads(threads);
   benchmark::AddCustomContext("lbbsp_threads", std::to_string(threads));
+  benchmark::AddCustomContext("lbbsp_simd", lbbsp::models::simd::kName);
   lbbsp::models::register_all(threads);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

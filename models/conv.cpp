@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "models/conv_simd.hpp"
 #include "models/gemm.hpp"
 
 namespace lbbsp::models {
@@ -280,6 +281,7 @@ void input_grad(const ConvShape& s, const float* w, const float* dy, float* dx, 
 }  // namespace
 
 void conv2d_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws) {
+  if (!ws.portable && conv_simd_forward(s, x, w, y, ws)) return;
   if (use_direct(s)) return direct_forward(s, x, w, y, ws);
   const int chunk = samples_per_chunk(s), hw = s.height * s.width, cw = s.col_width();
   ws.col.resize(std::max(ws.col.size(), size_t(std::min(chunk, s.n)) * hw * cw));
@@ -293,6 +295,7 @@ void conv2d_forward(const ConvShape& s, const float* x, const float* w, float* y
 
 void conv2d_backward(const ConvShape& s, const float* x, const float* w, const float* dy, float* dw,
                      float* dx, ConvWorkspace& ws) {
+  if (!ws.portable && conv_simd_backward(s, x, w, dy, dw, dx, ws)) return;
   if (use_direct(s)) {
     direct_weight_grad(s, x, dy, dw, ws);
   } else {

@@ -1,8 +1,9 @@
 // 2-D convolution, stride 1, 'same' zero padding (odd kernel, pad = kernel / 2), no bias (the CNN adds the
 // per-channel bias after pooling, where it is 4x cheaper: max(a + b, c + b) == max(a, c) + b).
-// Fast path: im2col over a chunk of samples + one GEMM per chunk; layers with at most 32 taps per output
-// (a first layer on one channel) use a direct loop instead. Output and weights are channels-last:
-// y [n, h, w, out_channels], w [out_channels, kernel, kernel, in_channels].
+// Fast path (models/conv_simd.cpp): direct register-tiled kernels on AVX-512F or AVX2+FMA, chosen at build
+// time. Portable path (any build, any shape): im2col over a chunk of samples + one GEMM per chunk; layers
+// with at most 32 taps per output (a first layer on one channel) use a direct loop instead. Output and
+// weights are channels-last: y [n, h, w, out_channels], w [out_channels, kernel, kernel, in_channels].
 #pragma once
 #include <cstddef>
 #include <vector>
@@ -30,7 +31,8 @@ struct ConvWorkspace {
   std::vector<float> wflip;    // input gradient: weights flipped in space, transposed in channels
   std::vector<float> staging;  // input gradient: channels-last dx before its transpose to [c, h, w]
   std::vector<float> wt;       // direct path: weights or weight gradient as [tap, out_channel]
-  std::vector<float> padded;   // direct path: zero-padded channels-last copy of x
+  std::vector<float> padded;   // direct paths: zero-padded channels-last copy of x (or of dy)
+  bool portable = false;       // true: skip the vector kernels (tests run both paths in one build)
 };
 
 void conv2d_forward(const ConvShape& s, const float* x, const float* w, float* y, ConvWorkspace& ws);

@@ -1,19 +1,52 @@
 #include "models/gemm.hpp"
 
 #include <cblas.h>
+#include <omp.h>
 
 namespace lbbsp::models {
 
+namespace {
+
+// Below this many multiply-adds (about 40 us on one core) waking a sleeping OpenMP thread costs more than the
+// split saves (2 threads: logistic regression at batch 256 took 1.46x the CPU time per step at 2^20).
+constexpr double kParallelMinFma = double(1 << 22);
+
+void blas_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+               const float* b, int ldb, float beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n,
+              k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace
+
+void blas_use_one_thread() {
+  openblas_set_num_threads(1);
+}
+
 void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
           const float* b, int ldb, float beta, float* c, int ldc) {
+  static const bool blas_single = (blas_use_one_thread(), true);  // even if set_num_threads never ran
+  (void)blas_single;
   if (m == 0 || n == 0) return;
   if (k == 0) {  // BLAS may skip the beta scaling when k == 0; do it here so the contract always holds.
     for (int i = 0; i < m; ++i)
       for (int j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n,
-              k, alpha, a, lda, b, ldb, beta, c, ldc);
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (threads == 1 || double(m) * n * k < kParallelMinFma || m < 2 * threads)
+    return blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    // Rows of C split evenly over our OpenMP threads, each a single-threaded BLAS call: the BLAS never starts
+    // threads of its own, so it cannot oversubscribe the cores our OpenMP threads run on.
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), count = omp_get_num_threads();
+    const int r0 = int(int64_t(m) * t / count), r1 = int(int64_t(m) * (t + 1) / count);
+    const float* a_rows = trans_a ? a + r0 : a + int64_t(r0) * lda;  // op(A) row r is column r of A^T
+    if (r1 > r0)
+      blas_gemm(trans_a, trans_b, r1 - r0, n, k, alpha, a_rows, lda, b, ldb, beta, c + int64_t(r0) * ldc,
+                ldc);
+  }
 }
 
 }  // namespace lbbsp::models

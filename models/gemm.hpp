@@ -1,7 +1,12 @@
 // Row-major single-precision GEMM shared by the kernels: C = alpha * op(A) * op(B) + beta * C (OpenBLAS).
+// Threads are ours: a large GEMM splits the rows of C over the OpenMP threads and every BLAS call runs on one
+// thread (docs/threads.md), so the BLAS never adds threads of its own to the ones our kernels use.
 #pragma once
 
 namespace lbbsp::models {
+
+// Sets the BLAS to one thread per call (gemm does this on first use; set_num_threads does it too).
+void blas_use_one_thread();
 
 // op(A) is m x k, op(B) is k x n, C is m x n; lda/ldb/ldc are the row strides of the stored matrices.
 void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,

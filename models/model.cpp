@@ -1,11 +1,11 @@
 #include "models/model.hpp"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <stdexcept>
 #include <string>
 
+#include "models/gemm.hpp"
 #include "models/zoo.hpp"
 #ifdef LBBSP_WITH_CUDA
 #include "models/cuda/cuda_models.hpp"
@@ -69,13 +69,14 @@ namespace {
 int g_threads = 0;  // 0: not set, use the OpenMP default
 }  // namespace
 
-// Our kernels use OpenMP and the BLAS uses its own pthreads (Debian's libopenblas0-pthread). With more than
-// one thread, OpenMP workers that spin after a region (libgomp's default) fight OpenBLAS's workers for the
-// cores; run with OMP_WAIT_POLICY=passive (read by libgomp at start-up, so it must be in the environment).
+// All kernel threads are OpenMP threads; the BLAS (Debian's libopenblas0-pthread has its own pthreads) is
+// kept at one thread per call and models/gemm.cpp splits large GEMMs over the OpenMP threads itself. Two
+// thread pools on the same cores (OpenBLAS workers spin-yield after each call, OpenMP workers spin after each
+// region) made 2 threads slower than 1 (docs/threads.md).
 void set_num_threads(int n) {
   if (n < 1) throw std::invalid_argument("set_num_threads: need at least 1 thread, got " + std::to_string(n));
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
+  blas_use_one_thread();
   g_threads = n;
 }
 

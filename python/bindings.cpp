@@ -152,6 +152,9 @@ void bind_sampling(nb::module_& m) {
 NB_MODULE(_lbbsp, m) {
   m.doc() = "C++ core of lbbsp (balancers, predictors, sampling); use the lbbsp package, not this module.";
   m.attr("__version__") = LBBSP_VERSION_STRING;
+  // Balancers held by objects still alive at interpreter exit (a DDP hook's closure, a user's global) are not
+  // leaks worth a warning on every run's stderr.
+  nb::set_leak_warnings(false);
   bind_balancer(m);
   bind_predictor(m);
   bind_sampling(m);

@@ -4,6 +4,7 @@
 
 #include "models/cuda/cuda_models.hpp"
 #include "models/model.hpp"
+#include "models/simd.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/commands.hpp"
 #include "runtime/topology.hpp"
@@ -28,7 +29,8 @@ void add_info_command(CLI::App& app) {
 #endif
       std::printf("mpi and GPU memory: %s\n", comm.cuda_support().c_str());
       std::printf("topology: %s\n", runtime::describe_topology().c_str());
-      std::printf("kernel threads: %d\n", models::num_threads());
+      std::printf("kernel threads: %d, vector kernels: %s (docs/threads.md)\n", models::num_threads(),
+                  models::simd::kName);
       std::printf("nodes: %d, ranks per node %d-%d\n", comm.nodes(), comm.min_local_size(),
                   comm.max_local_size());
     }

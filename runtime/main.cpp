@@ -34,9 +34,9 @@ std::string config_problem(const CLI::ParseError& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // OpenMP threads that spin after each parallel region fight OpenBLAS's own threads for the cores (a 50x
-  // slow-down measured at 2 threads). libgomp reads OMP_WAIT_POLICY when it loads, so set it and re-exec
-  // once.
+  // OpenMP threads that spin after each parallel region take the cores from whatever else runs there (other
+  // ranks, and before the BLAS ran single-threaded, OpenBLAS's own threads: a 50x slow-down measured at 2
+  // threads; docs/threads.md). libgomp reads OMP_WAIT_POLICY when it loads, so set it and re-exec once.
   if (!std::getenv("OMP_WAIT_POLICY")) {
     setenv("OMP_WAIT_POLICY", "passive", 1);
     // Exec the resolved path, not /proc/self/exe, so that the process keeps its name (ps, pgrep, top).

@@ -96,7 +96,10 @@ void add_train_command(CLI::App& app) {
   t->add_option("--seed", c.seed, "Seed (initialisation, data order, emulation)")
       ->check(kNonNegative)  // an unsigned option would silently wrap "-1"
       ->capture_default_str();
-  t->add_option("--threads", c.threads, "Kernel threads per rank")->check(kPositive)->capture_default_str();
+  t->add_option("--threads", c.threads,
+                "Kernel threads per rank (OpenMP; the BLAS runs one per call: docs/threads.md)")
+      ->check(kPositive)
+      ->capture_default_str();
   t->add_option("--max-iterations", c.max_iterations, "Stop after K iterations (0: no limit)")
       ->check(kNonNegative);
   t->add_option("--train-subset", c.train_subset, "Use only the first N training samples")

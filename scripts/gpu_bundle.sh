@@ -2,7 +2,8 @@
 # Packs a CUDA build of lbbsp made on this Debian machine into one folder for a GPU machine that cannot build it:
 # no network to install our Debian packages there (Open MPI, HDF5, hwloc, OpenBLAS), only a CUDA image.
 #   scripts/gpu_bundle.sh BUILD_DIR BUNDLE_DIR
-# BUNDLE_DIR/bin holds lbbsp, test_gpu_models and bench_gpu; BUNDLE_DIR/root mirrors, at their absolute paths, every
+# BUNDLE_DIR/bin holds lbbsp, test_gpu_models and bench_gpu (and stress-ng, for the co-tenants of
+# scripts/device_check.sh, when it is installed here); BUNDLE_DIR/root mirrors, at their absolute paths, every
 # shared library they need (and Open MPI's launcher, plugins and help files), except glibc, libstdc++/libgcc and the
 # CUDA libraries, which the GPU machine's own image provides (same CUDA major version: check `nvcc --version` on both).
 # BUNDLE_DIR.tar.xz packs the folder. On the GPU machine, `scripts/gpu_check.sh --bundle BUNDLE_DIR[.tar.xz]` copies root/ onto / without overwriting anything
@@ -21,7 +22,12 @@ grep -q 'LBBSP_PORTABLE:BOOL=ON' "$build/CMakeCache.txt" ||
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/root"
 cp "${bins[@]}" "$bundle/bin/"
+tools=()  # optional programs that travel with their libraries
+command -v stress-ng >/dev/null && tools+=("$(command -v stress-ng)") && cp "${tools[@]}" "$bundle/bin/"
+((${#tools[@]})) || echo "gpu_bundle: warning: no stress-ng here (apt-get install stress-ng): the bundle has none" >&2
 root=$(realpath "$bundle/root")
+# The commit the binaries were built from, for the results' provenance (the GPU machine's copy has no .git).
+git -C "$(dirname "$0")/.." describe --always --dirty --abbrev=12 >"$bundle/commit.txt" 2>/dev/null || echo unknown >"$bundle/commit.txt"
 
 # Open MPI as Debian lays it out: launcher, daemon, plugin and help-file folders (plugins are dlopen()ed from
 # these compiled-in paths, so they keep them).
@@ -34,7 +40,7 @@ done
 
 # Every shared library those programs and plugins load, by the name the loader asks for (symlinks resolved).
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libmvec|libpthread|libdl\.so|librt\.so|libutil|libresolv|libstdc\+\+|libgcc_s|libcuda\.so|libcudart|libcublas|libnvidia)'
-objects=("${bins[@]}" /usr/bin/orterun /usr/bin/orted /usr/bin/ompi_info)
+objects=("${bins[@]}" "${tools[@]}" /usr/bin/orterun /usr/bin/orted /usr/bin/ompi_info)
 mapfile -t plugins < <(find /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 -name '*.so' -type f)
 objects+=("${plugins[@]}")
 missing=()

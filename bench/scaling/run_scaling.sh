@@ -23,6 +23,10 @@
 #   --busy-poll            idle MPI ranks spin instead of yielding the CPU (Open MPI's default when ranks <= cores:
 #                          best on a dedicated machine, 2x slower here on one shared with other work)
 #   --train-args "..."     extra `lbbsp train` arguments (e.g. "--balancer lbbsp-cpu --straggle static:1,1,0.5")
+#   --mpirun PATH          the launcher (default: mpirun; e.g. /usr/bin/orterun from a bundle)
+#   --bind core|none       core: one core per rank, `--bind-to core --map-by core` (overload-allowed where there are
+#                          more ranks than cores); none (default): ranks float, as oversubscribed ranks must
+#   --no-tables            runs only (no Python at hand): tabulate later with --collect-strong/--collect-weak
 # Writes OUT/scaling.md (speed-up and efficiency tables) and OUT/strong.png, OUT/weak.png (against the ideal line).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -32,7 +36,7 @@ die() {
 }
 
 lbbsp=$root/build/lbbsp ranks="1 2 4 8" kinds=strong,weak model=mlp features=256 data="" gbatch=1024 pbatch=128 iters=30
-epochs=1 repeats=1 out="" yield=1 plot=1 train_args="" collect_strong=() collect_weak=()
+epochs=1 repeats=1 out="" yield=1 plot=1 tables=1 train_args="" mpirun=mpirun bind=none collect_strong=() collect_weak=()
 while (($#)); do
   case $1 in
     --lbbsp) lbbsp=$2 ;;
@@ -50,6 +54,9 @@ while (($#)); do
     --collect-strong) collect_strong+=("$2") ;;
     --collect-weak) collect_weak+=("$2") ;;
     --train-args) train_args=$2 ;;
+    --mpirun) mpirun=$2 ;;
+    --bind) bind=$2 ;;
+    --no-tables) tables=0 plot=0; shift; continue ;;
     --no-plot) plot=0; shift; continue ;;
     --busy-poll) yield=0; shift; continue ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -70,14 +77,15 @@ for p in ${PYTHON:-} python3 /usr/bin/python3; do
     break
   fi
 done
-[[ -n $python ]] ||
+[[ -n $python ]] || ((tables == 0)) ||
   die "no python3 with matplotlib: install the Debian package python3-matplotlib, set PYTHON=..., or use --no-plot"
 
 strong_dirs=("${collect_strong[@]}") weak_dirs=("${collect_weak[@]}")
 if ((${#collect_strong[@]} + ${#collect_weak[@]} == 0)); then
   [[ -x $lbbsp ]] || die "lbbsp binary '$lbbsp' not found: build it (cmake -S . -B build && cmake --build build)" \
     "or pass --lbbsp PATH"
-  command -v mpirun >/dev/null || die "mpirun not found: install openmpi-bin"
+  command -v "$mpirun" >/dev/null || die "launcher '$mpirun' not found: install openmpi-bin or pass --mpirun PATH"
+  case $bind in core | none) ;; *) die "--bind '$bind': use core or none" ;; esac
   for r in $ranks; do [[ $r =~ ^[1-9][0-9]*$ ]] || die "--ranks '$ranks': expected positive integers"; done
   [[ $iters =~ ^[1-9][0-9]*$ ]] || die "--iterations '$iters': expected a positive integer"
   if [[ -z $data ]]; then
@@ -105,7 +113,12 @@ if ((${#collect_strong[@]} + ${#collect_weak[@]} == 0)); then
         ((repeats > 1)) && dir=$dir-$k
         mkdir -p "$dir"
         t0=$SECONDS
-        if ! timeout 900 mpirun -n "$r" --oversubscribe --bind-to none "$lbbsp" train --data "$data" --model "$model" \
+        binding=(--bind-to none)
+        if [[ $bind == core ]]; then
+          binding=(--bind-to core --map-by core --report-bindings)  # train.log shows each rank's core
+          ((r > $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc))) && binding=(--bind-to core:overload-allowed --map-by core --report-bindings)
+        fi
+        if ! timeout 900 "$mpirun" -n "$r" --oversubscribe "${binding[@]}" "$lbbsp" train --data "$data" --model "$model" \
           --epochs "$epochs" --global-batch "$gb" --lr 0.05 --seed 1 --max-iterations "$iters" --threads 1 --bind none \
           --quiet --summary-json "$dir/summary.json" "${extra[@]}" >"$dir/train.log" 2>&1; then
           cat "$dir/train.log" >&2
@@ -122,4 +135,5 @@ args=(--out "$out" --cores "$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
 for d in "${strong_dirs[@]}"; do args+=(--strong "$d"); done
 for d in "${weak_dirs[@]}"; do args+=(--weak "$d"); done
 ((plot)) || args+=(--no-plot)
+((tables)) || { echo "run_scaling: runs in $out (--no-tables: tabulate with --collect-strong/--collect-weak)"; exit 0; }
 "$python" "$root/bench/scaling/plot_scaling.py" "${args[@]}"

@@ -15,4 +15,5 @@ rm -rf "$SCRATCH" && mkdir -p "$SCRATCH"
 "$SCRATCH/venv/bin/pip" install -q "$SCRATCH"/wheel/lbbsp-*.whl
 "$SCRATCH/venv/bin/python" -c "import pytest" 2>/dev/null || "$SCRATCH/venv/bin/pip" install -q pytest
 cd "$SCRATCH"
-LBBSP_BIN=$LBBSP "$SCRATCH/venv/bin/python" -m pytest -q -p no:cacheprovider "$SRC/tests/python/test_package.py"
+LBBSP_BIN=$LBBSP "$SCRATCH/venv/bin/python" -m pytest -q -p no:cacheprovider "$SRC/tests/python/test_package.py" \
+  "$SRC/tests/python/test_torch.py"

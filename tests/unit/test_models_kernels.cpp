@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
 #include <tuple>
 
 #include "models/activation.hpp"
@@ -129,40 +130,56 @@ const ConvShape kConvCases[] = {
     {3, 9, 7, 1, 16, 5, true},       // register-blocked direct path, width not a multiple of the block
     {2, 6, 10, 1, 16, 3, true},      // blocked forward, plain weight gradient (k = 3)
     {2, 5, 6, 1, 32, 5, false},      // plain direct path with many output channels
+    {3, 7, 29, 16, 16, 5, false},    // vector path: rows of 29 in uneven tiles, dx on 16 channels
+    {2, 5, 5, 8, 48, 3, false},      // vector path: 48 channels (one vector per tile on AVX-512), k = 3
+    {70, 14, 14, 16, 32, 5, false},  // the CNN's second layer beyond one micro-batch
 };
+
+// Both code paths of one build: the vector kernels (when the build has them) and the portable one.
+const bool kPaths[] = {false, true};
+
+std::string describe(const ConvShape& s, bool portable) {
+  return "n=" + std::to_string(s.n) + " " + std::to_string(s.height) + "x" + std::to_string(s.width) + " c" +
+         std::to_string(s.in_channels) + "->" + std::to_string(s.out_channels) + " k" +
+         std::to_string(s.kernel) + " chw=" + std::to_string(s.input_chw) +
+         " portable=" + std::to_string(portable);
+}
 
 TEST(ConvKernel, ForwardMatchesReference) {
   std::mt19937_64 rng(5);
   ConvWorkspace ws;
-  for (const ConvShape& s : kConvCases) {
-    const auto x = random_floats(size_t(s.n) * s.input_size(), rng);
-    const auto w = random_floats(size_t(s.out_channels) * s.col_width(), rng);
-    std::vector<float> y(size_t(s.n) * s.output_size(), NAN), y_ref(y.size(), NAN);
-    conv2d_forward(s, x.data(), w.data(), y.data(), ws);
-    conv2d_forward_ref(s, x.data(), w.data(), y_ref.data());
-    EXPECT_TRUE(all_close(y, y_ref)) << "n=" << s.n << " " << s.height << "x" << s.width << " c"
-                                     << s.in_channels << "->" << s.out_channels << " k" << s.kernel
-                                     << " chw=" << s.input_chw;
-  }
+  for (bool portable : kPaths)
+    for (const ConvShape& s : kConvCases) {
+      ws.portable = portable;
+      const auto x = random_floats(size_t(s.n) * s.input_size(), rng);
+      const auto w = random_floats(size_t(s.out_channels) * s.col_width(), rng);
+      std::vector<float> y(size_t(s.n) * s.output_size(), NAN), y_ref(y.size(), NAN);
+      conv2d_forward(s, x.data(), w.data(), y.data(), ws);
+      conv2d_forward_ref(s, x.data(), w.data(), y_ref.data());
+      EXPECT_TRUE(all_close(y, y_ref)) << describe(s, portable);
+    }
 }
 
 TEST(ConvKernel, BackwardMatchesReferenceAndAccumulates) {
   std::mt19937_64 rng(6);
   ConvWorkspace ws;
-  for (const ConvShape& s : kConvCases)
-    for (bool with_dx : {false, true}) {
-      const auto x = random_floats(size_t(s.n) * s.input_size(), rng);
-      const auto w = random_floats(size_t(s.out_channels) * s.col_width(), rng);
-      const auto dy = random_floats(size_t(s.n) * s.output_size(), rng);
-      const auto dw0 = random_floats(w.size(), rng);
-      std::vector<float> dw = dw0, dw_ref = dw0, dx(x.size(), NAN), dx_ref(x.size(), NAN);
-      conv2d_backward(s, x.data(), w.data(), dy.data(), dw.data(), with_dx ? dx.data() : nullptr, ws);
-      conv2d_backward_ref(s, x.data(), w.data(), dy.data(), dw_ref.data(), with_dx ? dx_ref.data() : nullptr);
-      EXPECT_TRUE(all_close(dw, dw_ref)) << "dw n=" << s.n << " " << s.height << "x" << s.width;
-      if (with_dx) {
-        EXPECT_TRUE(all_close(dx, dx_ref)) << "dx n=" << s.n << " " << s.height << "x" << s.width;
+  for (bool portable : kPaths)
+    for (const ConvShape& s : kConvCases)
+      for (bool with_dx : {false, true}) {
+        ws.portable = portable;
+        const auto x = random_floats(size_t(s.n) * s.input_size(), rng);
+        const auto w = random_floats(size_t(s.out_channels) * s.col_width(), rng);
+        const auto dy = random_floats(size_t(s.n) * s.output_size(), rng);
+        const auto dw0 = random_floats(w.size(), rng);
+        std::vector<float> dw = dw0, dw_ref = dw0, dx(x.size(), NAN), dx_ref(x.size(), NAN);
+        conv2d_backward(s, x.data(), w.data(), dy.data(), dw.data(), with_dx ? dx.data() : nullptr, ws);
+        conv2d_backward_ref(s, x.data(), w.data(), dy.data(), dw_ref.data(),
+                            with_dx ? dx_ref.data() : nullptr);
+        EXPECT_TRUE(all_close(dw, dw_ref)) << "dw " << describe(s, portable);
+        if (with_dx) {
+          EXPECT_TRUE(all_close(dx, dx_ref)) << "dx " << describe(s, portable);
+        }
       }
-    }
 }
 
 TEST(SoftmaxXentKernel, MatchesReference) {

@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# Everything we measure on a lent 16-core GPU machine (one H200, no network, none of our packages), in one go and
+# under 8 minutes, into the folder $OUT names (docs/device_check.md: how to carry it there and read the results):
+#   1. gpu        the GPU tests and the time-vs-batch table: scripts/gpu_check.sh --bundle (status "no GPU" when
+#                 nvidia-smi sees none)
+#   2. scaling    strong and weak scaling of `lbbsp train`, MLP and CNN, 1 2 4 8 16 ranks, one core per rank
+#                 (mpirun --bind-to core --map-by core), BSP and lbbsp-cpu: bench/scaling/run_scaling.sh
+#   3. interference  ranks pinned to their own cores, 100% stress-ng co-tenants pinned on some of them, on/off every
+#                 PERIOD s: BSP vs lbbsp-cpu/narx vs oracle (+ BSP without co-tenants), each run's telemetry
+#                 (--log-dir) scored by `lbbsp predict-eval` (NARX vs ARIMA, EMA, last)
+#   4. torch      scripts/torch_bench* when it exists (status "not present" otherwise)
+# Every step runs under `timeout` within one overall budget and the script goes on past a failed step; each step's
+# status is a line of $OUT/status.tsv (step, status, seconds, note), the log is $OUT/summary.txt. With a python3
+# (h5py/matplotlib optional) it also writes $OUT/tables.md (scripts/device_tables.py; rerun it here otherwise).
+#
+#   scripts/device_check.sh --bundle DIR[.tar.xz]   on the GPU machine (bundle from scripts/gpu_bundle.sh)
+#   scripts/device_check.sh --dry-run               every step at toy size here (2 cores, oversubscribed)
+# Options: --lbbsp PATH (without --bundle; default build/lbbsp), --ranks "1 2 4 8 16" (scaling), --budget S (overall
+# seconds, default 420; dry run 300), --steps gpu,scaling,interference,torch (a subset, same order).
+# Environment: OUT (default results/device_check-DATE), DEVICE_CHECK_FMNIST=FILE.h5 (scaling and interference on
+# that dataset instead of synthetic data). Exit status 0 only when no step failed ("no GPU"/"not present" are not
+# failures).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root" || exit 2
+die() { echo "device_check: error: $*" >&2; exit 2; }
+
+bundle="" dry=0 lbbsp=$root/build/lbbsp ranks="" budget="" steps=gpu,scaling,interference,torch
+while (($#)); do
+  case $1 in
+    --bundle) bundle=${2:?--bundle needs the folder or .tar.xz made by scripts/gpu_bundle.sh}; shift ;;
+    --dry-run) dry=1 ;;
+    --lbbsp) lbbsp=${2:?--lbbsp needs a path}; shift ;;
+    --ranks) ranks=${2:?--ranks needs a list like \"1 2 4\"}; shift ;;
+    --budget) budget=${2:?--budget needs seconds}; shift ;;
+    --steps) steps=${2:?--steps needs a list like gpu,scaling}; shift ;;
+    -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+  shift
+done
+for s in ${steps//,/ }; do
+  case $s in gpu | scaling | interference | torch) ;; *) die "--steps: unknown step '$s' (gpu,scaling,interference,torch)" ;; esac
+done
+budget=${budget:-$((dry ? 300 : 420))}
+[[ $budget =~ ^[1-9][0-9]*$ ]] || die "--budget '$budget': expected positive seconds"
+out=${OUT:-$root/results/device_check-$(date -u +%Y%m%dT%H%M%SZ)}
+mkdir -p "$out" || die "cannot create the output folder '$out'"
+out=$(cd "$out" && pwd)
+: >"$out/summary.txt"
+printf 'step\tstatus\tseconds\tnote\n' >"$out/status.tsv"
+failed=0 t_start=$SECONDS
+
+log() { echo "[device_check $(date -u +%H:%M:%S)] $*" | tee -a "$out/summary.txt"; }
+status() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" >>"$out/status.tsv"; log "$1: $2 ($3 s) ${4:-}"; }
+left() { echo $((budget - (SECONDS - t_start))); }
+wanted() { [[ ,$steps, == *,$1,* ]]; }
+
+# run_step NAME LIMIT CMD...: CMD under timeout (LIMIT or what is left of the budget), output in $out/NAME.log, one
+# status line. Returns CMD's exit status.
+run_step() {
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  ((limit > $(left))) && limit=$(left)
+  if ((limit < 10)); then
+    status "$name" "skipped" 0 "overall budget of ${budget}s spent"
+    failed=1  # not measured counts as not passed
+    return 1
+  fi
+  log "$name: start (timeout ${limit}s): $*"
+  timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
+  rc=$?
+  if ((rc == 0)); then
+    status "$name" ok $((SECONDS - t0))
+  else
+    local what="failed (exit $rc)"
+    ((rc == 124 || rc == 137)) && what="timed out (${limit}s)"
+    status "$name" "$what" $((SECONDS - t0)) "log: $name.log"
+    tail -n 15 "$out/$name.log" | sed 's/^/    /' | tee -a "$out/summary.txt"
+    failed=1
+  fi
+  return $rc
+}
+
+# ---- the programs: from the bundle (libraries copied onto /, CUDA's found on this machine) or this checkout ----
+mpirun=mpirun
+if [[ -n $bundle ]]; then
+  if [[ -f $bundle && $bundle == *.tar.xz ]]; then
+    mkdir -p /tmp/lbbsp-bundle && tar -C /tmp/lbbsp-bundle -xJf "$bundle" || die "cannot unpack $bundle"
+    bundle=/tmp/lbbsp-bundle/$(basename "$bundle" .tar.xz)
+  fi
+  [[ -x $bundle/bin/lbbsp ]] || die "$bundle/bin/lbbsp missing: make the bundle with scripts/gpu_bundle.sh"
+  bundle=$(realpath "$bundle")
+  cp -a --update=none "$bundle/root/." / 2>/dev/null || cp -an "$bundle/root/." /
+  ldconfig 2>/dev/null
+  lbbsp=$bundle/bin/lbbsp mpirun=/usr/bin/orterun
+  export PATH=$bundle/bin:$PATH  # stress-ng for the co-tenants
+  for lib in $(ldd "$lbbsp" | awk '/not found/ {print $1}' | sort -u); do
+    found=$(find /usr/local/cuda* /usr/local/nvidia /opt /usr/lib -name "$lib" 2>/dev/null | head -n 1)
+    [[ -n $found ]] && LD_LIBRARY_PATH=$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} && export LD_LIBRARY_PATH
+  done
+fi
+[[ -x $lbbsp ]] || die "lbbsp binary '$lbbsp' not found: build it (cmake --build build --target lbbsp), pass --lbbsp" \
+  "PATH or --bundle DIR"
+if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # GNU nproc honours OMP_NUM_THREADS
+python=""
+for p in python3 /usr/bin/python3; do command -v "$p" >/dev/null && python=$p && break; done
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "mode: $( ((dry)) && echo dry-run || echo full)"
+  echo "commit: $(cat "$bundle/commit.txt" 2>/dev/null || git -C "$root" describe --always --dirty 2>/dev/null || echo unknown)"
+  echo "host: $(uname -nrm)"
+  echo "cores: $cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'))"
+  echo "memory: $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)"
+  echo "lbbsp: $lbbsp"
+  echo "mpirun: $("$mpirun" --version 2>/dev/null | head -n 1)"
+  echo "stress-ng: $(command -v stress-ng || echo none)"
+  echo "python3: ${python:-none}"
+  command -v nvidia-smi >/dev/null &&
+    echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -n 1)"
+} >"$out/machine.txt"
+log "machine: $(tr '\n' ';' <"$out/machine.txt")"
+
+# ---- sizes: the real ones, or toy ones for the 2-core dry run ----
+if ((dry)); then
+  ranks=${ranks:-"1 2"} samples=2048 scal_iters=6 cnn_iters=3 gb_mlp=256 pb_mlp=64 gb_cnn=32 pb_cnn=16
+  irank=2 ipin=0,1 itenants=1 iperiod=0.5 igb=512 iiters=40 iextra=""
+else
+  ranks=${ranks:-"1 2 4 8 16"} samples=16384 scal_iters=30 cnn_iters=15 gb_mlp=1024 pb_mlp=128 gb_cnn=256 pb_cnn=32
+  irank=8 ipin=0,1,2,3,4,5,6,7 itenants=5,6,7 iperiod=2 igb=4096 iiters=600 iextra=1
+fi
+
+# ---- 1. GPU tests and time vs batch ----
+if wanted gpu; then
+  if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+    status gpu "no GPU" 0 "nvidia-smi sees no GPU here: GPU tests and bench_gpu not run"
+  else
+    gpu_args=()
+    [[ -n $bundle ]] && gpu_args=(--bundle "$bundle")
+    OUT=$out/gpu run_step gpu 200 scripts/gpu_check.sh "${gpu_args[@]}"
+  fi
+fi
+
+# ---- data: synthetic (Fashion-MNIST-shaped) made here, or DEVICE_CHECK_FMNIST ----
+data=${DEVICE_CHECK_FMNIST:-}
+if [[ -z $data ]] && { wanted scaling || wanted interference; }; then
+  # Full size (50 MB) outside $OUT, so that it does not travel back with the results.
+  ddir=$out/data
+  ((dry)) || ddir=${TMPDIR:-/tmp}/lbbsp-device-check
+  data=$ddir/synth-${samples}x784.h5
+  mkdir -p "$ddir"
+  run_step data_synth 60 "$lbbsp" data synth --samples "$samples" --features 784 --classes 10 --seed 1 --out "$data" ||
+    data=""
+fi
+
+# ---- 2. strong and weak scaling, one core per rank ----
+if wanted scaling; then
+  if [[ -z $data ]]; then
+    status scaling "skipped" 0 "no dataset (data_synth failed)"
+  else
+    scal_flags=(--no-plot)
+    [[ -n $python ]] || scal_flags=(--no-tables)
+    ((dry)) || scal_flags+=(--busy-poll)  # dedicated cores: spinning at the allreduce is fastest
+    for model in mlp cnn; do
+      iters=$scal_iters gb=$gb_mlp pb=$pb_mlp
+      [[ $model == cnn ]] && iters=$cnn_iters gb=$gb_cnn pb=$pb_cnn
+      for bal in bsp lbbsp-cpu; do
+        run_step "scaling_${model}_$bal" 120 bench/scaling/run_scaling.sh --lbbsp "$lbbsp" --mpirun "$mpirun" \
+          --bind core --ranks "$ranks" --model "$model" --data "$data" --global-batch "$gb" --per-rank-batch "$pb" \
+          --iterations "$iters" --epochs 1000 --out "$out/scaling/${model}_$bal" \
+          --train-args "--balancer $bal --eval-every 1000000 --test-subset 1000" \
+          "${scal_flags[@]}"
+      done
+    done
+  fi
+fi
+
+# ---- 3. pinned stress-ng interference, telemetry scored by predict-eval ----
+# interference_run NAME BALANCER STRAGGLE [TRAIN_ARGS...]: one run into $out/interference/runs/NAME (mpirun
+# binding: ibind).
+interference_run() {
+  local name=$1 bal=$2 straggle=$3 dir=$out/interference/runs/$1
+  shift 3
+  mkdir -p "$dir"
+  local cmd=("$mpirun" -n "$irank" --oversubscribe "${ibind[@]}" "$lbbsp" train --data "$data" --model mlp
+    --global-batch "$igb" --lr 0.05 --epochs 1000 --max-iterations "$iiters" --seed 1 --balancer "$bal"
+    --straggle "$straggle" --eval-every 1000000 --test-subset 1000 --log-dir "$dir" --summary-json
+    "$dir/summary.json" --quiet "$@")
+  echo "${cmd[*]}" >"$dir/command.txt"
+  run_step "interference_$name" 90 "${cmd[@]}" || return 1
+  # The recorded speeds one step ahead through the predictors (what the balancer's predictor saw at the barrier).
+  "$lbbsp" predict-eval --telemetry "$dir" --telemetry-exo barrier --format csv --predictors narx,arima,ema,last \
+    --seed 1 >"$dir/predict_eval.csv" 2>"$dir/predict_eval.err" ||
+    { status "predict_eval_$name" "failed" 0 "$(tail -n 1 "$dir/predict_eval.err")"; failed=1; }
+}
+if wanted interference; then
+  if [[ -z $data ]]; then
+    status interference "skipped" 0 "no dataset (data_synth failed)"
+  elif ! command -v stress-ng >/dev/null; then
+    status interference "failed" 0 "no stress-ng on PATH (the bundle carries it: scripts/gpu_bundle.sh with stress-ng installed)"
+    failed=1
+  else
+    tenants=""
+    for r in ${itenants//,/ }; do tenants+="${tenants:+,}$r=100"; done
+    pinned="stress:$tenants;pin=$ipin;period=$iperiod"
+    # Setting names follow telemetry_eval.py's NAME = SETTING-pPERIOD-sSEED, so --eval-only pools them per setting.
+    ibind=(--bind-to none)  # lbbsp pins rank r to CPU pin[r] itself, and each co-tenant beside its rank
+    interference_run "pinned-bsp-p$iperiod-s1" bsp "$pinned"
+    interference_run "pinned-narx-p$iperiod-s1" lbbsp-cpu "$pinned" --predictor narx
+    interference_run "pinned-oracle-p$iperiod-s1" oracle "$pinned"
+    # One more recording for the predictors: faster switching (iextra s on, iextra s off).
+    for p in $iextra; do
+      interference_run "pinned-narx-p$p-s1" lbbsp-cpu "stress:$tenants;pin=$ipin;period=$p" --predictor narx
+    done
+    # The same cores without co-tenants: rank r on core r, as pin=0,1,... places it.
+    ibind=(--bind-to core --map-by core)
+    interference_run "quiet-bsp-p0-s1" bsp none
+  fi
+fi
+
+# ---- 4. the PyTorch integration's benchmark, once it has landed ----
+if wanted torch; then
+  torch_bench=$(ls scripts/torch_bench* 2>/dev/null | head -n 1)
+  torch_py=${LBBSP_TORCH_PYTHON:-python3}
+  if [[ -z $torch_bench ]]; then
+    status torch "not present" 0 "no scripts/torch_bench* in this checkout"
+  elif ! "$torch_py" -c "import lbbsp.torch" 2>/dev/null; then
+    status torch "not present" 0 "$torch_py cannot import lbbsp.torch (pip install . into a venv with torch; LBBSP_TORCH_PYTHON=PY)"
+  else
+    torch_args=(--python "$torch_py" --lbbsp "$lbbsp" --out "$out/torch")
+    ((dry)) && torch_args+=(--dry-run)
+    run_step torch 120 "$torch_bench" "${torch_args[@]}"
+  fi
+fi
+
+# ---- tables (when this machine has a python3; otherwise scripts/device_tables.py OUT later) ----
+if [[ -n $python ]]; then
+  "$python" scripts/device_tables.py "$out" >"$out/tables.md" 2>"$out/tables.err" ||
+    log "tables: scripts/device_tables.py failed ($(tail -n 1 "$out/tables.err")); rerun it where the files land"
+fi
+log "RESULT: $( ((failed)) && echo "some steps FAILED" || echo "no step failed") in $((SECONDS - t_start)) s" \
+  "(status.tsv, results in $out)"
+exit $failed

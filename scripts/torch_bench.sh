@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): 4 gloo ranks, the MLP on Fashion-MNIST, capacities 1,1,0.5,0.25 with the modelled cost
+# the C++ experiments use (SLOPE s/sample / capacity; lbbsp train's `;gpu=0:0:SLOPE:1000000`): plain DDP vs
+# DDP + lbbsp (lbbsp.torch) vs `lbbsp train` with the same settings, mean iteration time, time to the target test
+# accuracy, efficiency against the modelled ideal (every rank busy: SLOPE x X / sum of capacities) and the
+# controller's own cost.
+#   scripts/torch_bench.sh [--python PY] [--lbbsp build/lbbsp] [--data data/fmnist.h5] [--iterations 300]
+#                          [--out results/torch-bench] [--dry-run]
+# --dry-run: 2 ranks, 12 iterations, no accuracy target (checks that everything runs, measures nothing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=python3 LBBSP=build/lbbsp DATA=data/fmnist.h5 IT=700 OUT=results/torch-bench SLOPE=0.0003 X=512 DRY=0
+while (($#)); do
+  case $1 in
+    --python) PY=$2; shift ;;
+    --lbbsp) LBBSP=$2; shift ;;
+    --data) DATA=$2; shift ;;
+    --iterations) IT=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    --dry-run) DRY=1 ;;
+    *) echo "torch_bench.sh: unknown option '$1'" >&2; exit 2 ;;
+  esac
+  shift
+done
+"$PY" -c "import lbbsp.torch" 2>/dev/null || { echo "torch_bench.sh: $PY cannot import lbbsp.torch (pip install . into its venv)" >&2; exit 1; }
+mkdir -p "$OUT"
+[[ $(id -u) -ne 0 ]] || export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+caps=1,1,0.5,0.25 R=4
+if ((DRY)); then  # synthetic data of the Fashion-MNIST layout, tiny run
+  DATA=$OUT/dry.h5 IT=12 caps=1,0.5 R=2 X=64
+  "$LBBSP" data synth --samples 2000 --features 784 --classes 10 --seed 1 --out "$DATA" >/dev/null
+fi
+[[ -f $DATA ]] || "$LBBSP" data import-fashion-mnist --out "$DATA"
+common=(--data "$DATA" --model mlp --global-batch $X --lr 0.2 --seed 1 --epochs 20 --max-iterations "$IT" --eval-every 25
+        --test-subset 5000 --target-accuracy 0.85)
+echo "== plain DDP"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --plain-ddp --straggle $caps \
+  --cost-slope $SLOPE --summary-json "$OUT/plain-ddp.json" | tail -1
+echo "== DDP, oracle split"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --oracle --straggle $caps \
+  --cost-slope $SLOPE --summary-json "$OUT/ddp-oracle.json" | tail -1
+echo "== DDP + lbbsp"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --balancer lbbsp-cpu --predictor narx \
+  --straggle $caps --cost-slope $SLOPE --summary-json "$OUT/ddp-lbbsp.json" | tail -1
+for b in lbbsp-cpu oracle; do
+  echo "== lbbsp train $b"
+  mpirun -n $R --oversubscribe --bind-to none "$LBBSP" train "${common[@]}" --balancer $b --predictor narx \
+    --lr-schedule constant --straggle "static:$caps;gpu=0:0:$SLOPE:1000000" --summary-json "$OUT/lbbsp-$b.json" \
+    --quiet >/dev/null
+done
+"$PY" - "$OUT" $SLOPE $X $caps <<'PY'
+import json, sys
+out, slope, X, caps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), [float(c) for c in sys.argv[4].split(",")]
+ideal = slope * X / sum(caps)
+rows = [("plain DDP (torch %s)", "plain-ddp", "ddp-oracle"), ("DDP + lbbsp lbbsp-cpu/narx", "ddp-lbbsp", "ddp-oracle"),
+        ("DDP, oracle split", "ddp-oracle", "ddp-oracle"),
+        ("lbbsp train lbbsp-cpu/narx", "lbbsp-lbbsp-cpu", "lbbsp-oracle"), ("lbbsp train oracle", "lbbsp-oracle", "lbbsp-oracle")]
+s = {k: json.load(open(f"{out}/{k}.json")) for _, k, _ in rows}
+base = s["plain-ddp"]["mean_iteration_s"]
+print(f"\nideal iteration (every rank busy): {ideal * 1e3:.1f} ms\n")
+print("| run | mean iteration | vs plain DDP | vs its oracle | vs ideal | time to 0.85 | decide / step cost |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for label, k, oracle in rows:
+    r = s[k]
+    it = r["mean_iteration_s"]
+    t = r.get("time_to_target_s")
+    cost = "%.2f%% / %.1f%%" % (100 * r["decide_fraction"], 100 * r["controller_fraction"]) if "decide_fraction" in r \
+        else "%.2f%%" % (100 * r.get("balancer_overhead_fraction", 0.0))
+    label = label % r.get("torch", "") if "%s" in label else label
+    print(f"| {label} | {it * 1e3:.1f} ms | {base / it:.2f}x | {s[oracle]['mean_iteration_s'] / it:.3f} | {ideal / it:.3f} | "
+          f"{'%.1f s' % t if t is not None else 'not reached'} | {cost} |")
+PY

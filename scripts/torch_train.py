@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""A PyTorch DDP trainer balanced by lbbsp: the MLP (784-256-128-10) or CNN on Fashion-MNIST (HDF5 from
+`lbbsp data import-fashion-mnist`), per-rank batch sizes re-sized every step by lbbsp.torch.LoadBalancer.
+
+Launch with any of (rank and world size come from the launcher's environment):
+    torchrun --nproc-per-node 4 scripts/torch_train.py --data data/fmnist.h5
+    mpirun -n 4 python3 scripts/torch_train.py --data data/fmnist.h5        # OMPI_COMM_WORLD_* (MASTER_ADDR: rank 0's host)
+    srun -n 4 python3 scripts/torch_train.py --data data/fmnist.h5          # SLURM_PROCID / SLURM_NTASKS
+    python3 scripts/torch_train.py --data data/fmnist.h5 --spawn 4          # no launcher: 4 local processes
+
+--straggle 1,1,0.5,0.25 --cost-slope S emulates capacities: a rank at capacity c takes max(compute, S x batch / c)
+seconds (lbbsp train's `--straggle static:...;gpu=0:0:S:1000000`). --plain-ddp runs stock DDP instead (equal split,
+averaging allreduce): the baseline. Rank 0 prints one JSON summary line (and writes --summary-json).
+"""
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import lbbsp
+from lbbsp.torch import LoadBalancer, init_from_env
+
+
+def make_model(kind):
+    if kind == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
+                             nn.Linear(128, 10))
+    return nn.Sequential(nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 5, padding=2),
+                         nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(1568, 10))
+
+
+def load(path, split, model):
+    import h5py
+    with h5py.File(path, "r") as f:
+        x = torch.from_numpy(np.asarray(f[f"{split}/images"], dtype=np.float32) / 255.0)
+        y = torch.from_numpy(np.asarray(f[f"{split}/labels"], dtype=np.int64))
+    return (x.reshape(-1, 1, 28, 28) if model == "cnn" else x.reshape(len(x), -1)), y
+
+
+def emulate(capacity, slope, n, real_s):
+    """Sleeps so that this step's compute takes max(real, slope x n / capacity) seconds."""
+    target = slope * n / capacity
+    if target > real_s:
+        time.sleep(target - real_s)
+
+
+def evaluate(model, x, y):
+    model.eval()
+    with torch.no_grad():
+        acc = (model(x).argmax(1) == y).double().mean().item()
+    model.train()
+    return acc
+
+
+def train(a):
+    torch.set_num_threads(a.threads)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    xtr, ytr = load(a.data, "train", a.model)
+    xte, yte = load(a.data, "test", a.model)
+    torch.manual_seed(a.seed)
+    model = DDP(make_model(a.model))
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+    caps = [float(c) for c in a.straggle.split(",")]
+    cap = caps[rank % len(caps)]
+    balancer = "bsp" if a.plain_ddp else "oracle" if a.oracle else a.balancer
+    # Plain DDP keeps its averaging hook (model=None: LoadBalancer registers nothing) and the equal split.
+    lb = LoadBalancer(None if a.plain_ddp else model, dataset_size=len(xtr), global_batch=a.global_batch,
+                      balancer="bsp" if a.oracle else balancer, predictor=a.predictor, seed=a.seed)
+    # Fixed split: equal for plain DDP, the exact assignment for the known capacities for --oracle.
+    fixed = lbbsp.assign_by_speed([caps[r % len(caps)] for r in range(world)], a.global_batch) if a.oracle \
+        else lb.batch_sizes
+    steps = min(a.max_iterations or 1 << 62, lb.steps_per_epoch * a.epochs)
+    train_s, control_s, time_to_target, acc = 0.0, 0.0, None, float("nan")
+    dist.barrier()
+    for g in range(steps):
+        t0 = time.perf_counter()
+        epoch, step = divmod(g, lb.steps_per_epoch)
+        if a.plain_ddp or a.oracle:  # a fixed split, no controller at all
+            idx = torch.from_numpy(lbbsp.rank_indices(lb.permutation(epoch), step, fixed, rank))
+        else:
+            idx = torch.from_numpy(lb.indices(epoch, step))
+        with lb.timed():
+            t_compute = time.perf_counter()
+            out = model(xtr[idx])
+            if a.plain_ddp:
+                loss = F.cross_entropy(out, ytr[idx])  # mean over an equal slice; DDP averages: global mean
+            else:
+                loss = F.cross_entropy(out, ytr[idx], reduction="sum") / lb.global_batch
+            # Before backward: DDP's allreduce runs inside it, and the emulated cost belongs before that.
+            emulate(cap, a.cost_slope, len(idx), time.perf_counter() - t_compute)
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t_control = time.perf_counter()
+        if not (a.plain_ddp or a.oracle):
+            lb.step()
+        control_s += time.perf_counter() - t_control
+        train_s += time.perf_counter() - t0
+        if rank == 0 and a.eval_every and (g + 1) % a.eval_every == 0:
+            acc = evaluate(model.module, xte[:a.test_subset or None], yte[:a.test_subset or None])
+            if a.target_accuracy and time_to_target is None and acc >= a.target_accuracy:
+                time_to_target = train_s
+    if rank == 0:
+        s = {"runner": "plain-ddp" if a.plain_ddp else "ddp+oracle" if a.oracle else "ddp+lbbsp", "balancer": balancer, "ranks": world,
+             "model": a.model, "global_batch": a.global_batch, "iterations": steps, "train_time_s": train_s,
+             "mean_iteration_s": train_s / max(steps, 1), "controller_fraction": control_s / max(train_s, 1e-12),
+             "decide_fraction": lb.timing["decide_s"] / max(train_s, 1e-12),
+             "test_accuracy": acc, "target_accuracy": a.target_accuracy, "time_to_target_s": time_to_target,
+             "final_batch_sizes": (fixed if a.plain_ddp or a.oracle else lb.batch_sizes).tolist(), "torch": torch.__version__, "lbbsp": lbbsp.__version__}
+        print(json.dumps(s), flush=True)
+        if a.summary_json:
+            with open(a.summary_json, "w") as f:
+                json.dump(s, f, indent=1)
+
+
+def spawned(rank, a, world, port):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    init_from_env(backend="gloo")
+    train(a)
+    dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True, help="Fashion-MNIST HDF5 (lbbsp data import-fashion-mnist)")
+    ap.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
+    ap.add_argument("--global-batch", type=int, default=512)
+    ap.add_argument("--lr", type=float, default=0.2)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--max-iterations", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--balancer", default="lbbsp-cpu")
+    ap.add_argument("--predictor", default="narx")
+    ap.add_argument("--plain-ddp", action="store_true", help="stock DDP: equal split, averaging allreduce")
+    ap.add_argument("--oracle", action="store_true",
+                    help="the best fixed split for the --straggle capacities (no controller): the upper bound")
+    ap.add_argument("--straggle", default="1", help="capacity per rank, cycled (e.g. 1,1,0.5,0.25)")
+    ap.add_argument("--cost-slope", type=float, default=0.0, help="emulated cost: S seconds per sample / capacity")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--eval-every", type=int, default=0)
+    ap.add_argument("--test-subset", type=int, default=0)
+    ap.add_argument("--target-accuracy", type=float, default=None)
+    ap.add_argument("--summary-json", default=None)
+    ap.add_argument("--spawn", type=int, default=0, help="start N local processes instead of using a launcher")
+    a = ap.parse_args()
+    if not os.path.exists(a.data):
+        sys.exit(f"torch_train.py: --data {a.data} does not exist (make it with: lbbsp data import-fashion-mnist "
+                 f"--out {a.data})")
+    if a.spawn:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.spawn(spawned, args=(a, a.spawn, port), nprocs=a.spawn, join=True)
+        return
+    init_from_env()
+    train(a)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
