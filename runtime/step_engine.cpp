@@ -8,6 +8,14 @@
 
 namespace lbbsp::runtime {
 
+void check_float_exact(int64_t value, const std::string& flag) {
+  if (value <= kMaxExactFloatCount) return;
+  throw std::invalid_argument(flag + " " + std::to_string(value) + " is above " +
+                              std::to_string(kMaxExactFloatCount) +
+                              " (2^24): per-iteration counts and batch sizes travel in the float reduction "
+                              "buffer, which holds integers exactly only up to 2^24; use a smaller value");
+}
+
 void check_step_engine_config(const StepEngineConfig& cfg) {
   if (cfg.gpu_params != "device" && cfg.gpu_params != "host")
     throw std::invalid_argument("--gpu-params: unknown value '" + cfg.gpu_params +

@@ -47,6 +47,13 @@ struct StepEngineConfig {
   std::string mpi_cuda_support;
 };
 
+// The E floats carry counts (correct predictions, lag-1 batch sizes) as well as timings. A float holds every
+// integer up to 2^24 exactly, and so does each partial sum of counts that add up to at most that, in any
+// order.
+constexpr int64_t kMaxExactFloatCount = int64_t{1} << 24;
+// Throws std::invalid_argument naming `flag` when value is above kMaxExactFloatCount.
+void check_float_exact(int64_t value, const std::string& flag);
+
 // Throws std::invalid_argument naming --gpu-params / --gpu-allreduce / --allreduce and the values they take.
 void check_step_engine_config(const StepEngineConfig& cfg);
 

@@ -1,10 +1,16 @@
-// Per-iteration, per-rank telemetry (HDF5 and optional CSV in --log-dir) and a Chrome-trace/Perfetto
-// timeline. Rank 0 writes both: every rank's timings reach it in the gradient allreduce buffer.
+// Per-iteration, per-rank telemetry (HDF5 and optional CSV in --log-dir) and the run's timeline
+// (runtime/timeline.hpp). Rank 0 writes both: every rank's timings reach it in the gradient allreduce buffer.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "runtime/h5.hpp"
+#include "runtime/timeline.hpp"
 
 namespace lbbsp::runtime {
 
@@ -24,38 +30,69 @@ struct IterationRecord {
 
 // Columnar HDF5 layout: group /records with one 1-D dataset per field above (same names), one row per
 // (iteration, rank); attributes on /records name the run (model, balancer, straggle, ranks, global_batch).
+// The datasets are chunked and extendible: flush() appends the buffered rows and flushes the file, so its
+// cost depends on the rows since the last flush, not on the length of the run, and the file on disk holds
+// every row flushed so far if the process is killed. The file stays open (without a lock, so that readers may
+// look in while the run goes on).
 class TelemetryWriter {
  public:
-  TelemetryWriter(const std::string& dir, bool csv, std::vector<std::pair<std::string, std::string>> attrs);
+  static constexpr size_t kMaxBufferedRows = 1 << 16;  // add() flushes by itself at this many
+  TelemetryWriter(const std::string& dir, bool csv, std::vector<std::pair<std::string, std::string>> attrs,
+                  size_t max_buffered_rows = kMaxBufferedRows);
   ~TelemetryWriter();
+  TelemetryWriter(const TelemetryWriter&) = delete;
+  TelemetryWriter& operator=(const TelemetryWriter&) = delete;
   void add(const IterationRecord& r);
-  void flush();  // rewrites telemetry.h5 atomically (temp file + rename)
+  void flush();
+  int64_t rows_written() const { return rows_written_; }
+  size_t rows_buffered() const { return rows_.size(); }
 
  private:
-  std::string dir_;
-  std::vector<std::pair<std::string, std::string>> attrs_;
+  void create_file(const std::vector<std::pair<std::string, std::string>>& attrs);
+  void append_columns();
+  std::string path_;
+  h5::Handle file_;
+  std::vector<h5::Handle> columns_;  // iteration, rank, batch, then the float64 fields in kDoubleFields order
   std::vector<IterationRecord> rows_;
+  size_t max_rows_;
+  int64_t rows_written_ = 0;
   std::FILE* csv_ = nullptr;
-  size_t flushed_rows_ = 0;
 };
 
-// Trace Event Format JSON array; the file always ends with "]" so it stays valid JSON if the job dies.
-class Timeline {
+struct RunLogConfig {
+  std::string log_dir;  // telemetry when not empty
+  bool csv = false;
+  std::vector<std::pair<std::string, std::string>> attrs;  // on /records
+  std::string timeline;                                    // timeline JSON when not empty
+  TimelineWindow timeline_window;
+  int ranks = 1;
+  int64_t flush_every = 200;  // iterations between telemetry flushes
+};
+
+// Rank 0's logs of one run: telemetry rows and timeline slices per iteration, and the time they cost the
+// training thread (io_s: while rank 0 writes, the other ranks wait for it at the next allreduce). That time
+// is also a slice "io" on rank 0's timeline whenever it flushed the telemetry or took over a millisecond.
+class RunLog {
  public:
-  explicit Timeline(const std::string& path);
-  ~Timeline();
-  // A complete event ("ph":"X") on track `tid` of process `pid` (= rank); times in seconds since the start.
-  void complete(int pid, const char* tid, const char* name, double start_s, double dur_s,
-                const std::string& args_json);
-  void name_process(int pid, const std::string& name);
-  void flush();
+  explicit RunLog(const RunLogConfig& cfg);
+  // The timeline's time zero (the training clock's start).
+  void set_origin(std::chrono::steady_clock::time_point t0) { t0_ = t0; }
+  // One record per rank, in rank order; start_s: when the iteration's compute began, seconds since the
+  // origin.
+  void add_iteration(double start_s, const std::vector<IterationRecord>& ranks);
+  void finish();  // flushes both: call at the end of the run
+  double io_s() const { return io_s_; }
 
  private:
-  std::FILE* f_ = nullptr;
-  std::string pending_;
-  bool first_ = true;
-  long end_pos_ = 0;
-  std::string path_;
+  void add_slices(double start_s, const std::vector<IterationRecord>& ranks);
+  double since_origin(std::chrono::steady_clock::time_point t) const;
+  std::unique_ptr<TelemetryWriter> telemetry_;
+  std::unique_ptr<Timeline> timeline_;
+  TimelineWindow window_;
+  int64_t flush_every_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+  double io_s_ = 0;
+  bool in_window_ = false;  // the last iteration was inside the timeline's window
 };
 
 }  // namespace lbbsp::runtime

@@ -122,6 +122,8 @@ void add_train_command(CLI::App& app) {
   t->add_option("--log-dir", c.log_dir, "Write per-iteration telemetry (telemetry.h5) here");
   t->add_flag("--csv", c.csv, "Also write telemetry.csv in --log-dir");
   t->add_option("--timeline", c.timeline, "Write a Chrome-trace/Perfetto JSON timeline");
+  t->add_option("--timeline-iterations", c.timeline_iterations,
+                "FIRST:END: the timeline records only iterations FIRST .. END-1 (docs/telemetry.md)");
   t->add_option("--summary-json", c.summary_json, "Write the run's summary as JSON");
   t->add_option("--save-params", c.save_params, "Write the final parameters (HDF5, one dataset per tensor)");
   t->add_option("--bind", c.bind,

@@ -199,6 +199,7 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
   const bool root = comm.is_root();
   const Fault fault = parse_fault(cfg.inject_fault, R);
   if (cfg.global_batch < 1) throw std::invalid_argument("--global-batch must be >= 1");
+  check_float_exact(cfg.global_batch, "--global-batch");  // counts and lag-1 batch sizes ride in float slots
   if (cfg.epochs < 1) throw std::invalid_argument("--epochs must be >= 1");
   if (cfg.threads < 1) throw std::invalid_argument("--threads must be >= 1");
   if (cfg.lag != 0 && cfg.lag != 1) throw std::invalid_argument("--lag must be 0 or 1");
@@ -206,6 +207,9 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
   if (!(cfg.lr > 0) || !std::isfinite(cfg.lr)) throw std::invalid_argument("--lr must be a positive number");
   if (cfg.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 1");
   if (cfg.checkpoint_keep < 1) throw std::invalid_argument("--checkpoint-keep must be >= 1");
+  const TimelineWindow timeline_window = parse_timeline_window(cfg.timeline_iterations);
+  if (!cfg.timeline_iterations.empty() && cfg.timeline.empty())
+    throw std::invalid_argument("--timeline-iterations needs --timeline FILE");
   if ((cfg.resume || cfg.checkpoint_every > 0) && cfg.checkpoint_dir.empty())
     throw std::invalid_argument(std::string(cfg.resume ? "--resume" : "--checkpoint-every") +
                                 " needs --checkpoint-dir DIR");
@@ -315,21 +319,18 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
   }
   comm.bcast(batch.data(), R);
 
-  std::unique_ptr<TelemetryWriter> telemetry;
-  std::unique_ptr<Timeline> timeline;
-  if (root && !cfg.log_dir.empty()) {
-    telemetry = std::make_unique<TelemetryWriter>(
-        cfg.log_dir, cfg.csv,
-        std::vector<std::pair<std::string, std::string>>{{"model", cfg.model},
-                                                         {"balancer", cfg.balancer},
-                                                         {"predictor", cfg.predictor},
-                                                         {"straggle", cfg.straggle},
-                                                         {"ranks", std::to_string(R)},
-                                                         {"global_batch", std::to_string(X)}});
-  }
-  if (root && !cfg.timeline.empty()) {
-    timeline = std::make_unique<Timeline>(cfg.timeline);
-    for (int r = 0; r < R; ++r) timeline->name_process(r, "rank " + std::to_string(r));
+  std::unique_ptr<RunLog> run_log;
+  if (root && (!cfg.log_dir.empty() || !cfg.timeline.empty())) {
+    RunLogConfig lc;
+    lc.log_dir = cfg.log_dir;
+    lc.csv = cfg.csv;
+    lc.attrs = {{"model", cfg.model},         {"balancer", cfg.balancer},
+                {"predictor", cfg.predictor}, {"straggle", cfg.straggle},
+                {"ranks", std::to_string(R)}, {"global_batch", std::to_string(X)}};
+    lc.timeline = cfg.timeline;
+    lc.timeline_window = timeline_window;
+    lc.ranks = R;
+    run_log = std::make_unique<RunLog>(lc);
   }
   if (root && !cfg.quiet) {
     std::printf(
@@ -356,6 +357,7 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
 
   // Statistics for progress and the summary.
   double train_time = 0, coord_time = 0, wait_rank_time = 0, last_iter_s = 0;
+  double io_before = 0;  // rank 0's logging time before a resume
   double epoch_loss = 0, last_train_loss = NAN;
   int64_t epoch_samples = 0, epoch_correct = 0;
   double last_test_acc = NAN, last_test_loss = NAN, time_to_target = -1;
@@ -386,7 +388,8 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
                           {"last_test_loss", num(last_test_loss)},
                           {"time_to_target", time_to_target},
                           {"curve", curve},
-                          {"predicted", predicted}};
+                          {"predicted", predicted},
+                          {"io_time", io_before + (run_log ? run_log->io_s() : 0.0)}};
   };
   int64_t start_it = 0;
   if (cfg.resume) {
@@ -432,6 +435,7 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
     last_test_loss = num(j.at("last_test_loss"));
     time_to_target = j.at("time_to_target");
     curve = j.at("curve");
+    io_before = j.value("io_time", 0.0);  // absent in checkpoints of older versions
     // The balancer continues where it was when the rank count, balancer and lag are the same; otherwise it
     // starts afresh from its initial batch vector (the parameters and data position still continue).
     const bool same_split = m.at("ranks").get<int>() == R;
@@ -506,6 +510,7 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
   const auto t0 =
       Clock::now() - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(train_time));
   auto last_bar = t0;
+  if (run_log) run_log->set_origin(t0);
   int64_t it = start_it;
   for (; it < total; ++it) {
     const int64_t epoch = it / per_epoch, pos = it % per_epoch;
@@ -637,9 +642,10 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
 
     if (root) {
       const double ar_only = std::max(0.0, ar_s - (max_compute - compute_s));
+      std::vector<IterationRecord> records(R);
       for (int r = 0; r < R; ++r) {
         const float* s = buf.data() + off_slots + r * kSlotFields;
-        IterationRecord rec;
+        IterationRecord& rec = records[r];
         rec.iteration = it;
         rec.rank = r;
         rec.batch = batch[r];
@@ -653,25 +659,12 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
         rec.mem_avail = s[kMem];
         rec.load = s[kLoad];
         rec.capacity = s[kCapacity];
-        if (telemetry) telemetry->add(rec);
-        if (timeline) {
-          const double start = std::chrono::duration<double>(t_compute - t0).count();
-          char args[160];
-          std::snprintf(args, sizeof args, "{\"iteration\":%lld,\"batch\":%lld,\"predicted_s\":%.6f}",
-                        static_cast<long long>(it), static_cast<long long>(batch[r]),
-                        predicted[r] > 0 ? batch[r] / predicted[r] : 0.0);
-          timeline->complete(r, "compute", "compute", start, rec.compute_s, args);
-          if (rec.wait_s > 0) timeline->complete(r, "wait", "wait", start + rec.compute_s, rec.wait_s, "");
-          timeline->complete(r, "allreduce", "allreduce", start + max_compute, ar_only, "");
-          timeline->complete(r, "balancer", "balancer", start + max_compute + ar_only, coord_s, "");
-        }
       }
+      if (run_log) run_log->add_iteration(std::chrono::duration<double>(t_compute - t0).count(), records);
       auto p = manager->predicted_speeds();
       // Predictions made now are for the iteration they decided (next one with lag 0, the one after with lag
       // 1).
       if (!p.empty()) predicted = p;
-      if (telemetry && (it + 1) % 200 == 0) telemetry->flush();
-      if (timeline) timeline->flush();
     }
     batch = next_batch;
 
@@ -758,8 +751,7 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
   // Like a process the signal killed (143 for SIGTERM), so that scripts see that the run did not finish.
   const int exit_status = stop_sig != 0 && it < total ? 128 + stop_sig : 0;
   if (!root) return exit_status;
-  if (telemetry) telemetry->flush();
-  if (timeline) timeline->flush();
+  if (run_log) run_log->finish();
   const double wall = seconds_since(t0);
   nlohmann::json s;
   s["model"] = model->name();
@@ -784,6 +776,9 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
   s["mean_iteration_s"] = it ? train_time / it : 0.0;
   s["wait_fraction"] = train_time > 0 ? wait_rank_time / (R * train_time) : 0.0;
   s["balancer_overhead_fraction"] = train_time > 0 ? coord_time / train_time : 0.0;
+  // Not in train_time: rank 0 writes between iterations, and the other ranks wait for it at the next
+  // allreduce.
+  s["io_s"] = io_before + (run_log ? run_log->io_s() : 0.0);
   s["target_accuracy"] = cfg.target_accuracy;
   s["time_to_target_s"] = time_to_target >= 0 ? nlohmann::json(time_to_target) : nlohmann::json(nullptr);
   s["accuracy_curve"] = curve;

@@ -40,6 +40,7 @@ struct TrainConfig {
   std::string config_toml;  // the run's flags as a `--config` file; written to log_dir/config.toml when set
   bool csv = false;
   std::string timeline;
+  std::string timeline_iterations;  // FIRST:END: the timeline records only iterations FIRST .. END-1
   std::string summary_json;
   std::string save_params;
   std::string bind = "none";

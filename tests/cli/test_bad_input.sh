@@ -52,6 +52,14 @@ touch "$SCRATCH/afile"
 expect_fail "checkpoint-dir: cannot create folder '$SCRATCH/afile/ck'" "$LBBSP" "${T[@]}" --checkpoint-dir "$SCRATCH/afile/ck"
 expect_fail "save-params: cannot write .*does not exist" "$LBBSP" "${T[@]}" --save-params /nonexistent/p.h5
 expect_fail "timeline: cannot write .*does not exist" "$LBBSP" "${T[@]}" --timeline /nonexistent/t.json
+expect_fail "timeline-iterations needs --timeline FILE" "$LBBSP" "${T[@]}" --timeline-iterations 0:5
+expect_fail "timeline-iterations '5': expected FIRST:END" "$LBBSP" "${T[@]}" --timeline "$SCRATCH/t.json" \
+  --timeline-iterations 5
+expect_fail "timeline-iterations '9:3': END must be larger than FIRST" "$LBBSP" "${T[@]}" \
+  --timeline "$SCRATCH/t.json" --timeline-iterations 9:3
+# Counts ride in the float reduction buffer: exact only up to 2^24, so a larger global batch is refused up front.
+expect_fail "global-batch 16777217 is above 16777216 \(2\^24\)" "$LBBSP" train --data "$DATA" \
+  --global-batch 16777217 --max-iterations 2 --quiet
 expect_fail "log-dir: cannot create .*afile.: Not a directory" "$LBBSP" "${T[@]}" --log-dir "$SCRATCH/afile"
 
 # Straggle specs.

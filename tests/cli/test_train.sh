@@ -54,6 +54,8 @@ assert np.allclose(r["capacity"][r["rank"] == 3], 0.25)
 assert open(d + "/run/telemetry.csv").readline().startswith("iteration,rank,batch")
 s = json.load(open(d + "/lb.json"))
 assert s["balancer"] == "lbbsp-cpu" and s["predictor"] == "ema" and s["ranks"] == 4
+assert 0 < s["io_s"] < s["wall_s"], s["io_s"]  # rank 0's logging time, outside the iteration times
+assert any(e.get("tid") == "io" and e["pid"] == 0 for e in t), "no io slice for the final telemetry flush"
 print("balanced run ok")
 PY
 
