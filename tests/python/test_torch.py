@@ -293,3 +293,36 @@ def test_hung_rank_is_named_and_others_stop(tmp_path):
         assert took < 60, f"rank {r} took {took:.0f} s"
     msg0 = pickle.load(open(tmp_path / "hang-0.pkl", "rb"))[0]
     assert "2" in msg0.split("not answering:")[-1], msg0
+
+
+# ---- BatchNorm: a warning once when plain BatchNorm meets uneven sizes ----
+
+
+def _batchnorm_worker(rank, world, store, out):
+    import warnings
+    init(rank, world, store)
+    x, y = data()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(DIM, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, CLASSES)).double()
+    counts = {}
+    # SyncBatchNorm needs a GPU in DDP: the silent case here is plain BatchNorm with equal sizes (bsp).
+    for name, balancer in (("uneven", "random:3"), ("equal", "bsp")):
+        lb = LoadBalancer(DDP(net), dataset_size=N, global_batch=24, balancer=balancer, seed=1, min_batch=2,
+                          monitor=fixed_metrics)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for g in range(4):
+                lb.indices(0, g)
+                lb.record_compute(1e-3)
+                lb.step()
+        counts[name] = [str(w.message) for w in caught if "BatchNorm" in str(w.message)]
+    pickle.dump(counts, open(os.path.join(out, f"bn-{rank}.pkl"), "wb"))
+    dist.destroy_process_group()
+
+
+def test_plain_batchnorm_warns_once(tmp_path):
+    spawn(_batchnorm_worker, 2, tmp_path)
+    for r in range(2):
+        counts = pickle.load(open(tmp_path / f"bn-{r}.pkl", "rb"))
+        assert len(counts["uneven"]) == 1 and "SyncBatchNorm" in counts["uneven"][0], counts
+        assert counts["equal"] == [], counts
