@@ -209,16 +209,19 @@ class LoadBalancer:
         # Seconds this rank spent in step(): in all ("step_s": the exchange, which also waits for ranks still
         # finishing their step) and, on rank 0, deciding ("decide_s").
         self.timing = {"step_s": 0.0, "decide_s": 0.0}
+        if model is not None and not hasattr(model, "register_comm_hook"):
+            raise TypeError("LoadBalancer: model must be a DistributedDataParallel (or None to sum gradients "
+                            f"yourself), got {type(model).__name__}")
         self._model = model
         self._plain_bn = model is not None and any(
             isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm)
             for m in model.modules())
         self._warned_bn = False
         if model is not None:
-            if not hasattr(model, "register_comm_hook"):
-                raise TypeError("LoadBalancer: model must be a DistributedDataParallel (or None to sum gradients "
-                                f"yourself), got {type(model).__name__}")
             model.register_comm_hook(getattr(model, "process_group", None), self._sum_hook)
+        # DDP needs its module on the device before wrapping, so where the parameters live is fixed from here on.
+        first = next(model.parameters(), None) if model is not None else None
+        self._cuda = first is not None and first.is_cuda
 
     # ---- what a training loop asks for ----
 
@@ -265,7 +268,7 @@ class LoadBalancer:
         """Measures this rank's compute: the block's time, or with DDP up to the moment its last gradient
         bucket was ready (the allreduce inside backward waits for the slowest rank, which is not compute).
         CUDA events time it when the model's parameters are on a GPU."""
-        cuda = self._on_cuda()
+        cuda = self._cuda
         self._ready_s, self._ready_event = None, None
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -290,7 +293,7 @@ class LoadBalancer:
                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """The SUM hook, noting when this rank's gradient bucket was ready (the end of its own compute)."""
         self._ready_s = time.perf_counter()
-        if self._on_cuda():
+        if self._cuda:
             self._ready_event = torch.cuda.Event(enable_timing=True)
             self._ready_event.record()
         return sum_allreduce_hook(process_group, bucket)
@@ -371,12 +374,6 @@ class LoadBalancer:
 
     # ---- internals ----
 
-    def _on_cuda(self) -> bool:
-        if self._model is None:
-            return False
-        p = next(self._model.parameters(), None)
-        return p is not None and p.is_cuda
-
     def _metrics(self) -> List[float]:
         m = [float(v) for v in self._monitor()]
         if len(m) != _EXO or not all(np.isfinite(m)):
@@ -386,7 +383,7 @@ class LoadBalancer:
     def _mem_cap(self) -> int:
         """Most samples this rank can hold: 0 (no cap) on the CPU; on CUDA the free memory
         (torch.cuda.mem_get_info) over the bytes per sample seen at the last step's peak, plus that batch."""
-        if not self._on_cuda() or self._bytes_per_sample <= 0:
+        if not self._cuda or self._bytes_per_sample <= 0:
             return 0
         free, _ = torch.cuda.mem_get_info()
         return max(1, int(free / self._bytes_per_sample) + int(self._sizes[self._step][self.rank]))
