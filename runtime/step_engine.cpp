@@ -17,20 +17,12 @@ void check_float_exact(int64_t value, const std::string& flag) {
 }
 
 void check_step_engine_config(const StepEngineConfig& cfg) {
-  if (cfg.gpu_params != "device" && cfg.gpu_params != "host")
-    throw std::invalid_argument("--gpu-params: unknown value '" + cfg.gpu_params +
-                                "' (expected device or host)");
-  if (cfg.gpu_allreduce != "auto" && cfg.gpu_allreduce != "staged" && cfg.gpu_allreduce != "cuda-aware")
-    throw std::invalid_argument("--gpu-allreduce: unknown value '" + cfg.gpu_allreduce +
-                                "' (expected auto, staged or cuda-aware)");
-  if (cfg.host_allreduce != "auto" && cfg.host_allreduce != "mpi" && cfg.host_allreduce != "node")
-    throw std::invalid_argument("--allreduce: unknown value '" + cfg.host_allreduce +
-                                "' (expected auto, mpi or node)");
-  if (cfg.device == "cuda" && cfg.gpu_params == "device" && cfg.host_allreduce == "node")
+  if (cfg.device == Device::kCuda && cfg.gpu_params == GpuParams::kDevice &&
+      cfg.host_allreduce == HostAllreduce::kNode)
     throw std::invalid_argument(
         "--allreduce node keeps the parameters in host memory shared by a node's ranks; with --device cuda "
         "add --gpu-params host, or leave --allreduce at auto");
-  if (cfg.gpu_params == "host" && cfg.gpu_allreduce == "cuda-aware")
+  if (cfg.gpu_params == GpuParams::kHost && cfg.gpu_allreduce == GpuAllreduce::kCudaAware)
     throw std::invalid_argument(
         "--gpu-allreduce cuda-aware needs the gradient on the GPU: use it with --gpu-params device");
 }
@@ -39,18 +31,19 @@ StepEngine::StepEngine(const StepEngineConfig& cfg, models::Model& model, std::v
                        models::Sgd& sgd, size_t extra, Comm& comm)
     : model_(model), params_(params), sgd_(sgd), comm_(comm), P_(model.num_params()), extra_(extra) {
   check_step_engine_config(cfg);
-  if (cfg.device != "cuda" || cfg.gpu_params == "host") {
+  if (cfg.device != Device::kCuda || cfg.gpu_params == GpuParams::kHost) {
     start_host(cfg);
     return;
   }
   resident_ = cfg.resident;
   if (!resident_)
     throw std::logic_error("StepEngine: --device cuda with --gpu-params device needs a CUDA model");
-  if (cfg.gpu_allreduce == "cuda-aware" && !cfg.mpi_cuda_aware)
+  if (cfg.gpu_allreduce == GpuAllreduce::kCudaAware && !cfg.mpi_cuda_aware)
     throw std::invalid_argument("--gpu-allreduce cuda-aware: this MPI library cannot reduce GPU memory (" +
                                 cfg.mpi_cuda_support +
                                 "); use --gpu-allreduce staged (or auto), or an MPI built with CUDA support");
-  cuda_aware_ = cfg.gpu_allreduce == "cuda-aware" || (cfg.gpu_allreduce == "auto" && cfg.mpi_cuda_aware);
+  cuda_aware_ = cfg.gpu_allreduce == GpuAllreduce::kCudaAware ||
+                (cfg.gpu_allreduce == GpuAllreduce::kAuto && cfg.mpi_cuda_aware);
   mode_ = cuda_aware_ ? "device/cuda-aware" : "device/staged";
   resident_->enable_resident(extra, cfg.momentum, cfg.weight_decay);
   push_to_device();
@@ -64,8 +57,8 @@ size_t round_up(size_t n) {
 }  // namespace
 
 void StepEngine::start_host(const StepEngineConfig& cfg) {
-  bool node = cfg.host_allreduce == "node";
-  if (cfg.host_allreduce == "auto" && cfg.device == "cpu")
+  bool node = cfg.host_allreduce == HostAllreduce::kNode;
+  if (cfg.host_allreduce == HostAllreduce::kAuto && cfg.device == Device::kCpu)
     node = comm_.max_local_size() > 1;  // same on every rank
   if (!node) return;
   stride_ = round_up(P_ + extra_);
@@ -73,7 +66,7 @@ void StepEngine::start_host(const StepEngineConfig& cfg) {
   const size_t floats = stride_ * (ranks + 1) + 2 * round_up(P_) + round_up(2 * ranks);
   node_ = comm_.node_window(floats);
   if (!node_) {
-    if (cfg.host_allreduce == "node")
+    if (cfg.host_allreduce == HostAllreduce::kNode)
       throw std::runtime_error(
           "--allreduce node: MPI could not allocate memory shared by this node's ranks (" +
           std::to_string(floats * sizeof(float)) +

@@ -25,6 +25,7 @@
 #include "models/model.hpp"
 #include "models/optimizer.hpp"
 #include "runtime/comm.hpp"
+#include "runtime/run_options.hpp"
 
 namespace lbbsp::models {
 class DeviceResident;
@@ -33,11 +34,11 @@ class DeviceResident;
 namespace lbbsp::runtime {
 
 struct StepEngineConfig {
-  std::string device = "cpu";          // cpu | cuda
-  std::string gpu_params = "device";   // device | host (cuda only)
-  std::string gpu_allreduce = "auto";  // auto | staged | cuda-aware (cuda with gpu_params device only)
+  Device device = Device::kCpu;
+  GpuParams gpu_params = GpuParams::kDevice;         // cuda only
+  GpuAllreduce gpu_allreduce = GpuAllreduce::kAuto;  // cuda with GpuParams::kDevice only
   // Host parameters: auto (node on a CPU run with several ranks on some node) | mpi | node.
-  std::string host_allreduce = "auto";
+  HostAllreduce host_allreduce = HostAllreduce::kAuto;
   double momentum = 0.9, weight_decay = 0.0;
   // The model's device-resident face (models::device_resident; nullptr for CPU models) and what the MPI
   // library says about GPU memory (Comm::cuda_aware / cuda_support). Given, not looked up, so tests can
@@ -54,7 +55,7 @@ constexpr int64_t kMaxExactFloatCount = int64_t{1} << 24;
 // Throws std::invalid_argument naming `flag` when value is above kMaxExactFloatCount.
 void check_float_exact(int64_t value, const std::string& flag);
 
-// Throws std::invalid_argument naming --gpu-params / --gpu-allreduce / --allreduce and the values they take.
+// Throws std::invalid_argument for combinations that cannot work, naming the flags and the fix.
 void check_step_engine_config(const StepEngineConfig& cfg);
 
 class StepEngine {

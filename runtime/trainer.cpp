@@ -464,10 +464,10 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
     comm.bcast(batch.data(), R);
   }
   StepEngineConfig ec;
-  ec.device = cfg.device;
-  ec.gpu_params = cfg.gpu_params;
-  ec.gpu_allreduce = cfg.gpu_allreduce;
-  ec.host_allreduce = cfg.allreduce;
+  ec.device = parse_enum<Device>("--device", cfg.device);
+  ec.gpu_params = parse_enum<GpuParams>("--gpu-params", cfg.gpu_params);
+  ec.gpu_allreduce = parse_enum<GpuAllreduce>("--gpu-allreduce", cfg.gpu_allreduce);
+  ec.host_allreduce = parse_enum<HostAllreduce>("--allreduce", cfg.allreduce);
   ec.momentum = cfg.momentum;
   ec.weight_decay = cfg.weight_decay;
 #ifdef LBBSP_WITH_CUDA

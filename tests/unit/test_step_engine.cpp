@@ -112,10 +112,11 @@ RunResult run(const std::string& gpu_params, const std::string& gpu_allreduce, b
   models::Sgd sgd(P, 0.9, 1e-4);
   HostResident resident(*model);
   runtime::StepEngineConfig ec;
-  ec.device = gpu_params.empty() ? "cpu" : "cuda";
-  ec.gpu_params = gpu_params.empty() ? "device" : gpu_params;
-  ec.gpu_allreduce = gpu_allreduce;
-  ec.host_allreduce = host_allreduce;
+  ec.device = gpu_params.empty() ? runtime::Device::kCpu : runtime::Device::kCuda;
+  ec.gpu_params =
+      runtime::parse_enum<runtime::GpuParams>("--gpu-params", gpu_params.empty() ? "device" : gpu_params);
+  ec.gpu_allreduce = runtime::parse_enum<runtime::GpuAllreduce>("--gpu-allreduce", gpu_allreduce);
+  ec.host_allreduce = runtime::parse_enum<runtime::HostAllreduce>("--allreduce", host_allreduce);
   ec.momentum = 0.9;
   ec.weight_decay = 1e-4;
   ec.resident = &resident;
@@ -242,7 +243,7 @@ TEST(StepEngine, RefusesWhatCannotWork) {
   std::vector<float> params(model->num_params());
   models::Sgd sgd(params.size(), 0.9, 0.0);
   runtime::StepEngineConfig ec;
-  ec.device = "cuda";
+  ec.device = runtime::Device::kCuda;
   EXPECT_THROW(runtime::StepEngine(ec, *model, params, sgd, 0, comm()), std::logic_error);
 }
 
