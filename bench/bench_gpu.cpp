@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
     for (std::string kind; std::getline(list, kind, ',');) {
       ModelConfig cfg;
       cfg.kind = kind;
-      cfg.device = "cuda";
+      cfg.device = Device::kCuda;
       auto model = make_model(cfg);
       std::vector<float> params(model->num_params()), grad(model->num_params());
       model->init_params(params.data(), 1);

@@ -20,19 +20,16 @@ size_t TensorInfo::size() const {
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& cfg) {
-  if (cfg.device == "cuda") {
+  if (cfg.device == Device::kCuda) {
 #ifdef LBBSP_WITH_CUDA
     ModelConfig host = cfg;  // the CPU model validates cfg and gives the CUDA model its layout and init
-    host.device = "cpu";
+    host.device = Device::kCpu;
     return make_cuda_model(cfg, make_model(host));
 #else
     throw std::invalid_argument(
         "lbbsp was built without CUDA (configure with -DLBBSP_WITH_CUDA=ON on a machine with nvcc)");
 #endif
   }
-  if (cfg.device != "cpu")
-    throw std::invalid_argument("ModelConfig::device: unknown device '" + cfg.device +
-                                "' (expected cpu or cuda)");
   const InputShape& in = cfg.input;
   if (in.channels <= 0 || in.height <= 0 || in.width <= 0)
     throw std::invalid_argument("ModelConfig::input: every dimension must be positive, got " +

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "models/device.hpp"
+
 namespace lbbsp::models {
 
 // Shape of one input sample (channels, height, width); dense models use the flattened size.
@@ -35,7 +37,7 @@ struct ModelConfig {
   InputShape input;                      // from the dataset
   int classes = 10;                      // from the dataset
   std::vector<int> hidden = {256, 128};  // MLP widths
-  std::string device = "cpu";            // cpu | cuda (current CUDA device; models/cuda/cuda_models.hpp)
+  Device device = Device::kCpu;          // kCuda: the current CUDA device (models/cuda/cuda_models.hpp)
 };
 
 class Model {

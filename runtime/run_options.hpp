@@ -5,9 +5,11 @@
 #include <string>
 #include <utility>
 
+#include "models/device.hpp"
+
 namespace lbbsp::runtime {
 
-enum class Device { kCpu, kCuda };                       // --device
+using Device = models::Device;                           // --device
 enum class GpuParams { kDevice, kHost };                 // --gpu-params: where a CUDA model's parameters live
 enum class GpuAllreduce { kAuto, kStaged, kCudaAware };  // --gpu-allreduce: how a device gradient is reduced
 enum class HostAllreduce { kAuto, kMpi, kNode };         // --allreduce: how a host gradient is reduced
@@ -38,8 +40,8 @@ struct EnumNames<HostAllreduce> {
 };
 template <>
 struct EnumNames<Binding> {
-  static constexpr std::pair<Binding, const char*> table[] = {{Binding::kNone, "none"},
-                                                              {Binding::kCore, "core"}};
+  static constexpr std::pair<Binding, const char*> table[] = {{Binding::kCore, "core"},
+                                                              {Binding::kNone, "none"}};
 };
 
 template <class E>

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/cli_checks.hpp"
 #include "runtime/comm.hpp"
@@ -27,6 +28,18 @@ struct ModelDefaults {
 ModelDefaults model_defaults(const std::string& model) {
   if (model == "logreg") return {0.1, "cosine", 256};
   return {0.05, "cosine", 64};  // mlp, cnn
+}
+
+// An enum-valued flag: CLI11 checks and keeps the spelling (so config.toml repeats it as written), the config
+// gets the enum (runtime/run_options.hpp).
+template <class E>
+CLI::Option* add_enum_option(CLI::App* t, const std::string& flag, E& target, const std::string& help) {
+  std::vector<std::string> names;
+  for (const auto& entry : runtime::EnumNames<E>::table) names.emplace_back(entry.second);
+  auto set = [flag, &target](const std::string& text) { target = runtime::parse_enum<E>(flag, text); };
+  return t->add_option_function<std::string>(flag, set, help)
+      ->check(CLI::IsMember(names))
+      ->default_str(runtime::enum_name(target));
 }
 
 // --lr, --lr-schedule and --global-batch the user did not give (on the command line or in --config) take the
@@ -56,26 +69,19 @@ void add_train_command(CLI::App& app) {
   t->add_option("--model", c.model, "logreg | mlp | cnn")
       ->check(CLI::IsMember({"logreg", "mlp", "cnn"}))
       ->capture_default_str();
-  t->add_option("--device", c.device, "cpu | cuda (one GPU per rank, chosen from the node-local rank)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
-  t->add_option(
-       "--gpu-params", c.gpu_params,
-       "cuda: device (parameters, optimizer and gradient stay on the GPU) | host (copied every step)")
-      ->check(CLI::IsMember({"device", "host"}))
-      ->capture_default_str();
-  t->add_option(
-       "--gpu-allreduce", c.gpu_allreduce,
-       "cuda with --gpu-params device: auto (cuda-aware when MPI supports it) | staged (through host "
-       "memory) | cuda-aware")
-      ->check(CLI::IsMember({"auto", "staged", "cuda-aware"}))
-      ->capture_default_str();
-  t->add_option("--allreduce", c.allreduce,
-                "gradient reduction with parameters in host memory: node (the ranks of a node sum in shared "
-                "memory and keep one copy of the parameters; MPI between nodes) | mpi (MPI_Allreduce) | auto "
-                "(node for --device cpu when a node runs several ranks)")
-      ->check(CLI::IsMember({"auto", "mpi", "node"}))
-      ->capture_default_str();
+  add_enum_option(t, "--device", c.device, "cpu | cuda (one GPU per rank, chosen from the node-local rank)");
+  add_enum_option(
+      t, "--gpu-params", c.gpu_params,
+      "cuda: device (parameters, optimizer and gradient stay on the GPU) | host (copied every step)");
+  add_enum_option(
+      t, "--gpu-allreduce", c.gpu_allreduce,
+      "cuda with --gpu-params device: auto (cuda-aware when MPI supports it) | staged (through host "
+      "memory) | cuda-aware");
+  add_enum_option(
+      t, "--allreduce", c.allreduce,
+      "gradient reduction with parameters in host memory: node (the ranks of a node sum in shared "
+      "memory and keep one copy of the parameters; MPI between nodes) | mpi (MPI_Allreduce) | auto "
+      "(node for --device cpu when a node runs several ranks)");
   t->add_option("--hidden", c.hidden, "MLP hidden widths, e.g. 256,128")
       ->delimiter(',')
       ->capture_default_str();
@@ -126,10 +132,8 @@ void add_train_command(CLI::App& app) {
                 "FIRST:END: the timeline records only iterations FIRST .. END-1 (docs/telemetry.md)");
   t->add_option("--summary-json", c.summary_json, "Write the run's summary as JSON");
   t->add_option("--save-params", c.save_params, "Write the final parameters (HDF5, one dataset per tensor)");
-  t->add_option("--bind", c.bind,
-                "core: bind each rank to its cores with hwloc; none: leave it to the launcher")
-      ->check(CLI::IsMember({"core", "none"}))
-      ->capture_default_str();
+  add_enum_option(t, "--bind", c.bind,
+                  "core: bind each rank to its cores with hwloc; none: leave it to the launcher");
   t->add_option("--inject-fault", c.inject_fault, "RANK:ITERATION:KIND (throw|abort|nan|hang), for tests");
   t->add_option("--iteration-timeout", c.iteration_timeout_s,
                 "End the job when a rank makes no progress this long (s)")

@@ -203,7 +203,6 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
   if (cfg.epochs < 1) throw std::invalid_argument("--epochs must be >= 1");
   if (cfg.threads < 1) throw std::invalid_argument("--threads must be >= 1");
   if (cfg.lag != 0 && cfg.lag != 1) throw std::invalid_argument("--lag must be 0 or 1");
-  if (cfg.bind != "none" && cfg.bind != "core") throw std::invalid_argument("--bind must be core or none");
   if (!(cfg.lr > 0) || !std::isfinite(cfg.lr)) throw std::invalid_argument("--lr must be a positive number");
   if (cfg.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 1");
   if (cfg.checkpoint_keep < 1) throw std::invalid_argument("--checkpoint-keep must be >= 1");
@@ -244,7 +243,7 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
                                   parent.string() + "' does not exist");
     }
   }
-  if (cfg.bind == "core") bind_to_cores(comm.local_rank() * cfg.threads, cfg.threads);
+  if (cfg.bind == Binding::kCore) bind_to_cores(comm.local_rank() * cfg.threads, cfg.threads);
   models::set_num_threads(cfg.threads);
 
   // Data and model (every rank holds the whole dataset: slices change every iteration).
@@ -264,7 +263,7 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
   mc.device = cfg.device;
   // Most samples this rank may take: the emulated cap, and on a GPU what fits in 80% of its free memory.
   int64_t my_cap = std::numeric_limits<int64_t>::max();
-  if (cfg.device == "cuda") {
+  if (cfg.device == Device::kCuda) {
 #ifdef LBBSP_WITH_CUDA
     models::select_cuda_device(comm.local_rank());
     my_cap = static_cast<int64_t>(models::cuda_free_bytes() * 0.8 / models::per_sample_bytes(mc));
@@ -464,19 +463,19 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
     comm.bcast(batch.data(), R);
   }
   StepEngineConfig ec;
-  ec.device = parse_enum<Device>("--device", cfg.device);
-  ec.gpu_params = parse_enum<GpuParams>("--gpu-params", cfg.gpu_params);
-  ec.gpu_allreduce = parse_enum<GpuAllreduce>("--gpu-allreduce", cfg.gpu_allreduce);
-  ec.host_allreduce = parse_enum<HostAllreduce>("--allreduce", cfg.allreduce);
+  ec.device = cfg.device;
+  ec.gpu_params = cfg.gpu_params;
+  ec.gpu_allreduce = cfg.gpu_allreduce;
+  ec.host_allreduce = cfg.allreduce;
   ec.momentum = cfg.momentum;
   ec.weight_decay = cfg.weight_decay;
 #ifdef LBBSP_WITH_CUDA
-  if (cfg.device == "cuda") ec.resident = models::device_resident(*model);
+  if (cfg.device == Device::kCuda) ec.resident = models::device_resident(*model);
 #endif
   ec.mpi_cuda_aware = comm.cuda_aware();
   ec.mpi_cuda_support = comm.cuda_support();
   StepEngine engine(ec, *model, params, sgd, buf_len - P, comm);
-  if (root && !cfg.quiet && cfg.device == "cuda") {
+  if (root && !cfg.quiet && cfg.device == Device::kCuda) {
     std::printf("gpu: parameters and gradient reduction %s\n", engine.mode().c_str());
     std::fflush(stdout);
   }
@@ -771,7 +770,7 @@ int run_training(const TrainConfig& cfg, Comm& comm) {
   s["predictor"] = cfg.balancer == "lbbsp-cpu" ? cfg.predictor : "";
   s["straggle"] = cfg.straggle;
   s["lag"] = cfg.lag;
-  s["device"] = cfg.device;
+  s["device"] = enum_name(cfg.device);
   s["step_mode"] = engine.mode();
   s["mean_iteration_s"] = it ? train_time / it : 0.0;
   s["wait_fraction"] = train_time > 0 ? wait_rank_time / (R * train_time) : 0.0;

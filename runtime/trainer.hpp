@@ -7,16 +7,17 @@
 
 #include "balancer/sampling.hpp"
 #include "runtime/comm.hpp"
+#include "runtime/run_options.hpp"
 
 namespace lbbsp::runtime {
 
 struct TrainConfig {
   std::string data;
   std::string model = "mlp";
-  std::string device = "cpu";          // cpu | cuda (one GPU per rank, chosen from the local rank)
-  std::string gpu_params = "device";   // cuda: device (resident) | host (copied in and out every step)
-  std::string allreduce = "auto";      // host parameters: auto | mpi | node (runtime/step_engine.hpp)
-  std::string gpu_allreduce = "auto";  // cuda resident: auto | staged | cuda-aware (runtime/step_engine.hpp)
+  Device device = Device::kCpu;                      // kCuda: one GPU per rank, chosen from the local rank
+  GpuParams gpu_params = GpuParams::kDevice;         // cuda: resident, or copied in and out every step
+  HostAllreduce allreduce = HostAllreduce::kAuto;    // host parameters (runtime/step_engine.hpp)
+  GpuAllreduce gpu_allreduce = GpuAllreduce::kAuto;  // cuda resident (runtime/step_engine.hpp)
   std::vector<int> hidden = {256, 128};
   int epochs = 1;
   int64_t global_batch = 64;
@@ -43,7 +44,7 @@ struct TrainConfig {
   std::string timeline_iterations;  // FIRST:END: the timeline records only iterations FIRST .. END-1
   std::string summary_json;
   std::string save_params;
-  std::string bind = "none";
+  Binding bind = Binding::kNone;
   std::string inject_fault;          // RANK:ITERATION:KIND
   double iteration_timeout_s = 300;  // a rank stuck this long ends the job
   int64_t eval_every = 0;            // evaluate every N iterations (0: after each epoch)

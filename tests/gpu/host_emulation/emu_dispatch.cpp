@@ -7,9 +7,9 @@
 namespace lbbsp::models {
 
 std::unique_ptr<Model> emu_make_model(const ModelConfig& cfg) {
-  if (cfg.device != "cuda") return make_model(cfg);
+  if (cfg.device != Device::kCuda) return make_model(cfg);
   ModelConfig host = cfg;
-  host.device = "cpu";
+  host.device = Device::kCpu;
   return make_cuda_model(cfg, make_model(host));
 }
 

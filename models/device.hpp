@@ -1,0 +1,8 @@
+// Where a model computes: the host CPU or the current CUDA device (models/cuda/cuda_models.hpp).
+#pragma once
+
+namespace lbbsp::models {
+
+enum class Device { kCpu, kCuda };
+
+}  // namespace lbbsp::models
