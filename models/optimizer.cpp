@@ -4,6 +4,9 @@
 #include <cstdlib>
 #include <numbers>
 #include <stdexcept>
+#include <string>
+
+#include "common/spec.hpp"
 
 namespace lbbsp::models {
 
@@ -11,48 +14,60 @@ double LrSchedule::lr_at(int64_t iteration) const {
   if (iteration < warmup_iterations)  // linear from base_lr / warmup at iteration 0 up to base_lr
     return base_lr * double(iteration + 1) / double(warmup_iterations);
   const int64_t t = iteration - warmup_iterations;  // iterations since warm-up ended
-  if (kind == "constant") return base_lr;
-  if (kind == "step")
-    return step_every > 0 ? base_lr * std::pow(step_gamma, double(t / step_every)) : base_lr;
-  if (kind == "cosine") {
-    const int64_t span = total_iterations - warmup_iterations;
-    if (span <= 0 || t >= span) return 0.0;
-    return 0.5 * base_lr * (1.0 + std::cos(std::numbers::pi * double(t) / double(span)));
+  switch (kind) {
+    case Kind::constant:
+      return base_lr;
+    case Kind::step:
+      return step_every > 0 ? base_lr * std::pow(step_gamma, double(t / step_every)) : base_lr;
+    case Kind::cosine: {
+      const int64_t span = total_iterations - warmup_iterations;
+      if (span <= 0 || t >= span) return 0.0;
+      return 0.5 * base_lr * (1.0 + std::cos(std::numbers::pi * double(t) / double(span)));
+    }
   }
-  throw std::invalid_argument("LrSchedule::kind: unknown schedule '" + kind + "'");
+  throw std::invalid_argument("LrSchedule::kind: unknown schedule " + std::to_string(int(kind)));
 }
 
-LrSchedule parse_lr_schedule(const std::string& spec, double base_lr, int64_t warmup, int64_t total) {
-  const auto bad = [&](const std::string& why) {
-    return std::invalid_argument("learning-rate schedule '" + spec + "': " + why +
-                                 " (expected constant, step:EVERY:GAMMA or cosine)");
-  };
-  if (warmup < 0) throw bad("warm-up must not be negative");
+namespace {
+
+// "step:EVERY:GAMMA": EVERY and GAMMA read as strtoll and strtod read them (the whole field must parse).
+void parse_step(const spec::Spec& spec, LrSchedule& s) {
+  const std::string& rest = spec.args();
+  const size_t colon = rest.find(':');
+  if (colon == std::string::npos) spec.fail("missing ':GAMMA'");
+  const std::string every = rest.substr(0, colon), gamma = rest.substr(colon + 1);
+  char* end = nullptr;
+  s.step_every = std::strtoll(every.c_str(), &end, 10);
+  if (every.empty() || *end != '\0') spec.fail("EVERY must be an integer");
+  s.step_gamma = std::strtod(gamma.c_str(), &end);
+  if (gamma.empty() || *end != '\0') spec.fail("GAMMA must be a number");
+  if (s.step_every <= 0) spec.fail("EVERY must be positive");
+  if (!(s.step_gamma > 0.0)) spec.fail("GAMMA must be positive");
+}
+
+}  // namespace
+
+LrSchedule parse_lr_schedule(const std::string& text, double base_lr, int64_t warmup, int64_t total) {
+  const spec::Spec spec(text, "--lr-schedule", "valid: constant, step:EVERY:GAMMA, cosine");
+  if (warmup < 0) spec.fail("warm-up must not be negative");
   LrSchedule s;
   s.base_lr = base_lr;
   s.warmup_iterations = warmup;
   s.total_iterations = total;
-  if (spec == "constant" || spec == "cosine") {
-    s.kind = spec;
-    if (spec == "cosine" && total <= warmup) throw bad("cosine needs total iterations > warm-up");
+  const std::string& kind = spec.kind();
+  if (kind != "constant" && kind != "step" && kind != "cosine") spec.fail("unknown kind");
+  spec.expect_no_options();
+  if (kind == "step") {
+    if (!spec.has_args()) spec.fail("missing ':EVERY:GAMMA'");
+    s.kind = LrSchedule::Kind::step;
+    parse_step(spec, s);
     return s;
   }
-  if (spec.rfind("step:", 0) == 0) {
-    const std::string rest = spec.substr(5);
-    const size_t colon = rest.find(':');
-    if (colon == std::string::npos) throw bad("missing ':GAMMA'");
-    const std::string every = rest.substr(0, colon), gamma = rest.substr(colon + 1);
-    char* end = nullptr;
-    s.step_every = std::strtoll(every.c_str(), &end, 10);
-    if (every.empty() || *end != '\0') throw bad("EVERY must be an integer");
-    s.step_gamma = std::strtod(gamma.c_str(), &end);
-    if (gamma.empty() || *end != '\0') throw bad("GAMMA must be a number");
-    if (s.step_every <= 0) throw bad("EVERY must be positive");
-    if (!(s.step_gamma > 0.0)) throw bad("GAMMA must be positive");
-    s.kind = "step";
-    return s;
-  }
-  throw bad("unknown kind");
+  spec.expect_no_args();
+  s.kind = kind == "cosine" ? LrSchedule::Kind::cosine : LrSchedule::Kind::constant;
+  if (s.kind == LrSchedule::Kind::cosine && total <= warmup)
+    spec.fail("cosine needs total iterations > warm-up");
+  return s;
 }
 
 Sgd::Sgd(size_t num_params, double momentum, double weight_decay)

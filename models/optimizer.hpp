@@ -9,7 +9,8 @@
 namespace lbbsp::models {
 
 struct LrSchedule {
-  std::string kind = "constant";  // constant | step | cosine
+  enum class Kind { constant, step, cosine };
+  Kind kind = Kind::constant;
   double base_lr = 0.05;
   int64_t warmup_iterations = 0;  // linear warm-up from 0 to base_lr
   int64_t total_iterations = 0;   // cosine: length of the decay
@@ -21,7 +22,8 @@ struct LrSchedule {
   double lr_at(int64_t iteration) const;
 };
 
-// Parses "constant", "step:EVERY:GAMMA", "cosine"; throws std::invalid_argument naming the spec.
+// Parses "constant", "step:EVERY:GAMMA", "cosine"; throws std::invalid_argument naming the spec
+// ("--lr-schedule: WHY (in 'SPEC'; valid: ...)").
 LrSchedule parse_lr_schedule(const std::string& spec, double base_lr, int64_t warmup, int64_t total);
 
 class Sgd {

@@ -1,10 +1,13 @@
-// make_predictor: parses "last", "ema[:ALPHA]", "arima[:P,D,Q[,window=N]]", "narx[:key=value,...]", "oracle".
+// make_predictor: parses "last", "ema[:ALPHA]", "arima[:P,D,Q[,window=N]]", "narx[:key=value,...]", "oracle"
+// with the shared spec parser (common/spec.hpp).
 #include <charconv>
 #include <sstream>
 #include <stdexcept>
-#include <string_view>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "common/spec.hpp"
 #include "predictors/arima.hpp"
 #include "predictors/basic.hpp"
 #include "predictors/narx.hpp"
@@ -38,94 +41,87 @@ std::string valid_specs() {
          narx.str() + "], oracle";
 }
 
-[[noreturn]] void bad_spec(const std::string& spec, const std::string& why) {
-  throw std::invalid_argument("bad predictor spec '" + spec + "': " + why + " (" + valid_specs() + ")");
-}
-
-std::vector<std::string> split(std::string_view s, char sep) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  for (;;) {
-    size_t end = s.find(sep, start);
-    out.emplace_back(s.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start));
-    if (end == std::string_view::npos) return out;
-    start = end + 1;
-  }
-}
-
+// Whole text as a number of type T (std::from_chars: no '+', no spaces); `key` names the field.
 template <class T>
-T parse_value(const std::string& spec, const std::string& key, const std::string& text) {
+T parse_value(const spec::Spec& spec, const std::string& key, const std::string& text) {
   T value{};
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
-    bad_spec(spec, "'" + key + "' needs a number, got '" + text + "'");
+    spec.fail("'" + key + "' needs a number, got '" + text + "'");
   return value;
+}
+
+// ema[:ALPHA]
+std::unique_ptr<Predictor> make_ema(const spec::Spec& spec) {
+  const double alpha = spec.has_args() ? parse_value<double>(spec, "alpha", spec.args()) : 0.3;
+  if (!(alpha > 0 && alpha <= 1)) spec.fail("alpha must be in (0, 1]");
+  return std::make_unique<EmaPredictor>(alpha);
+}
+
+// arima[:P,D,Q[,window=N]]
+std::unique_ptr<Predictor> make_arima(const spec::Spec& spec) {
+  ArimaOptions o;
+  if (!spec.has_args()) return std::make_unique<ArimaPredictor>(o);
+  const std::vector<std::string> parts = spec.args_list(',');
+  if (parts.size() < 3) spec.fail("arima needs P,D,Q");
+  o.p = parse_value<int>(spec, "P", parts[0]);
+  o.d = parse_value<int>(spec, "D", parts[1]);
+  o.q = parse_value<int>(spec, "Q", parts[2]);
+  for (size_t i = 3; i < parts.size(); ++i) {
+    const std::vector<std::string> kv = spec::split(parts[i], '=');
+    if (kv.size() != 2 || kv[0] != "window") spec.fail("unknown arima option '" + parts[i] + "'");
+    o.window = parse_value<int>(spec, "window", kv[1]);
+  }
+  return std::make_unique<ArimaPredictor>(o);
+}
+
+// narx[:key=value,...] with the keys of kNarxInts and kNarxDoubles.
+std::unique_ptr<Predictor> make_narx(const spec::Spec& spec, int num_exo, uint64_t seed) {
+  NarxOptions o;
+  for (const std::string& part : spec.args_list(',')) {
+    const std::vector<std::string> kv = spec::split(part, '=');
+    if (kv.size() != 2) spec.fail("narx options are key=value, got '" + part + "'");
+    const std::string& key = kv[0];
+    bool known = false;
+    for (const auto& f : kNarxInts) {
+      if (key != f.key) continue;
+      o.*f.field = parse_value<int>(spec, key, kv[1]);
+      known = true;
+    }
+    for (const auto& f : kNarxDoubles) {
+      if (key != f.key) continue;
+      o.*f.field = parse_value<double>(spec, key, kv[1]);
+      known = true;
+    }
+    if (!known) spec.fail("unknown narx option '" + key + "'");
+  }
+  return std::make_unique<NarxPredictor>(o, num_exo, seed);
+}
+
+std::unique_ptr<Predictor> make_kind(const spec::Spec& spec, int num_exo, uint64_t seed) {
+  const std::string& kind = spec.kind();
+  if (kind != "last" && kind != "oracle" && kind != "ema" && kind != "arima" && kind != "narx")
+    spec.fail("unknown predictor '" + kind + "'");
+  spec.expect_no_options();  // no predictor takes ;KEY=VALUE options
+  if (kind == "last") return spec.expect_no_args(), std::make_unique<LastPredictor>();
+  if (kind == "oracle") return spec.expect_no_args(), std::make_unique<OraclePredictor>();
+  if (kind == "ema") return make_ema(spec);
+  if (kind == "arima") return make_arima(spec);
+  return make_narx(spec, num_exo, seed);
 }
 
 }  // namespace
 
-std::unique_ptr<Predictor> make_predictor(const std::string& spec, int num_exo, uint64_t seed) {
-  const size_t colon = spec.find(':');
-  const std::string kind = spec.substr(0, colon);
-  const bool has_args = colon != std::string::npos;
-  const std::string args = has_args ? spec.substr(colon + 1) : "";
-  if (num_exo < 0) bad_spec(spec, "num_exo must be >= 0");
+std::unique_ptr<Predictor> make_predictor(const std::string& text, int num_exo, uint64_t seed) {
+  const spec::Spec spec(text, "predictor", valid_specs());
+  if (num_exo < 0) spec.fail("num_exo must be >= 0");
   try {
-    if (kind == "last" || kind == "oracle") {
-      if (has_args) bad_spec(spec, "'" + kind + "' takes no arguments");
-      if (kind == "last") return std::make_unique<LastPredictor>();
-      return std::make_unique<OraclePredictor>();
-    }
-    if (kind == "ema") {
-      const double alpha = has_args ? parse_value<double>(spec, "alpha", args) : 0.3;
-      if (!(alpha > 0 && alpha <= 1)) bad_spec(spec, "alpha must be in (0, 1]");
-      return std::make_unique<EmaPredictor>(alpha);
-    }
-    if (kind == "arima") {
-      ArimaOptions o;
-      if (has_args) {
-        auto parts = split(args, ',');
-        if (parts.size() < 3) bad_spec(spec, "arima needs P,D,Q");
-        o.p = parse_value<int>(spec, "P", parts[0]);
-        o.d = parse_value<int>(spec, "D", parts[1]);
-        o.q = parse_value<int>(spec, "Q", parts[2]);
-        for (size_t i = 3; i < parts.size(); ++i) {
-          auto kv = split(parts[i], '=');
-          if (kv.size() != 2 || kv[0] != "window") bad_spec(spec, "unknown arima option '" + parts[i] + "'");
-          o.window = parse_value<int>(spec, "window", kv[1]);
-        }
-      }
-      return std::make_unique<ArimaPredictor>(o);
-    }
-    if (kind == "narx") {
-      NarxOptions o;
-      if (has_args && !args.empty()) {
-        for (const std::string& part : split(args, ',')) {
-          auto kv = split(part, '=');
-          if (kv.size() != 2) bad_spec(spec, "narx options are key=value, got '" + part + "'");
-          const std::string& key = kv[0];
-          bool known = false;
-          for (const auto& f : kNarxInts) {
-            if (key != f.key) continue;
-            o.*f.field = parse_value<int>(spec, key, kv[1]);
-            known = true;
-          }
-          for (const auto& f : kNarxDoubles) {
-            if (key != f.key) continue;
-            o.*f.field = parse_value<double>(spec, key, kv[1]);
-            known = true;
-          }
-          if (!known) bad_spec(spec, "unknown narx option '" + key + "'");
-        }
-      }
-      return std::make_unique<NarxPredictor>(o, num_exo, seed);
-    }
+    return make_kind(spec, num_exo, seed);
   } catch (const std::invalid_argument& e) {
     const std::string what = e.what();
-    if (what.rfind("bad predictor spec", 0) == 0) throw;
-    bad_spec(spec, what);
+    if (what.rfind("predictor: ", 0) == 0) throw;  // already in the spec's style
+    spec.fail(what);  // a predictor's own check, e.g. "narx dy must be in [1, 64]"
   }
-  bad_spec(spec, "unknown predictor '" + kind + "'");
 }
 
 }  // namespace lbbsp::predictors

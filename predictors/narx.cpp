@@ -11,13 +11,14 @@
 namespace lbbsp::predictors {
 namespace {
 
-constexpr std::array<double, 3> kEmaAlphas = {0.5, 0.15, 0.03};
+constexpr std::array<double, 3> kEmaAlphas = {0.5, 0.15, 0.03};  // candidates kEmaFast, kEmaMedium, kEmaSlow
 constexpr double kStatsAlpha = 0.01;  // online normalisation: ~100-step memory once warmed up
 constexpr double kMseAlpha = 0.05;    // candidate scoring: ~20-step memory
 constexpr double kClipInput = 6.0;    // normalised inputs and targets are clipped (outlier robustness)
 constexpr double kWeightDecay = 1e-4;
 constexpr double kLinClip = 4.0;  // linear model: residuals winsorised at this many running std devs
-constexpr std::array<double, 2> kRatioAlphas = {0.05, 0.15};  // proportional models: EMA of speed / u
+// Proportional models (candidates kRatioSlow, kRatioFast): alphas of their EMAs of speed / u.
+constexpr std::array<double, 2> kRatioAlphas = {0.05, 0.15};
 // Candidate scoring: a proportional model's squared error on a step where its input moved right after it
 // was measured, and the new value explains the miss, is winsorised at kScoreClip running RMS of the model's
 // errors (floored at kScoreFloor of the speed's level) once kScoreWarm steps are scored. Under trace replay
@@ -261,7 +262,7 @@ void NarxPredictor::update_exo_stats(const std::vector<double>& exo) {
 void NarxPredictor::blend_weights(double* w, int count) const {
   // Without a ratio input the proportional models take no part.
   const bool skip_ratio = !ratio_active() && count > kBase;
-  auto skipped = [&](int i) { return skip_ratio && i >= kBase && i < kBase + kRatios; };
+  auto skipped = [&](int i) { return skip_ratio && is_ratio(i); };
   double best = mse_[0];
   for (int i = 1; i < count; ++i)
     if (!skipped(i)) best = std::min(best, mse_[i]);
@@ -292,10 +293,10 @@ float NarxPredictor::forward(const float* x, float* hidden) const {
 
 void NarxPredictor::prepare(const double* exo_next) {
   std::array<double, kCandidates> c{};
-  c[0] = last_;
-  for (int e = 0; e < kEmas; ++e) c[1 + e] = ema_[e];
+  c[kLast] = last_;
+  for (int e = 0; e < kEmas; ++e) c[kEmaFast + e] = ema_[e];
   double w[kCandidates];
-  blend_weights(w, kBase);
+  blend_weights(w, kBase);  // the base forecast: kLast and the EMAs, blended
   double base = 0;
   for (int i = 0; i < kBase; ++i) base += w[i] * c[i];
   // Scale: the speed's running std, floored relative to its level so near-constant series stay well posed.
@@ -336,7 +337,7 @@ void NarxPredictor::prepare(const double* exo_next) {
   for (int i = 0; i < kRatios; ++i) {
     const double u = ratio_active() ? pending_u_[options_.ratio] : 0.0;
     const double y = ratio_[i] * u;
-    c[kBase + i] =
+    c[kRatioSlow + i] =
         u > 0 && ratio_[i] > 0 && std::isfinite(y) ? std::clamp(y, 0.5 * recent_lo_, 1.5 * recent_hi_) : base;
   }
   pending_candidates_ = c;
@@ -349,33 +350,11 @@ void NarxPredictor::prepare(const double* exo_next) {
 void NarxPredictor::observe(double speed, const std::vector<double>& exo) {
   if (stale_) prepare(nullptr);  // no predict() since the last observation: score the persistence forecast
   const bool good = is_good_speed(speed);
-  int batch = 0, steps = 0, steps_per_draw = 1, drawn = 0;
-  if (good && pending_ && good_ > 0) {
-    // The scored step joins the training window.
-    const int n_in = num_inputs();
-    std::copy(pending_x_.begin(), pending_x_.end(),
-              buffer_x_.begin() + static_cast<size_t>(buffer_head_) * n_in);
-    buffer_y_[buffer_head_] = static_cast<float>(clip((speed - pending_base_) / pending_scale_, kClipInput));
-    buffer_head_ = (buffer_head_ + 1) % options_.window;
-    buffer_count_ = std::min(buffer_count_ + 1, options_.window);
-  }
-  if (good) {
-    // Draw this observation's training batches first (the same random sequence as drawing them step by
-    // step: the window does not change while training) and prefetch their rows: with thousands of workers
-    // the window is rarely in cache, and the misses then overlap with the bookkeeping below.
-    batch = std::min(options_.batch, buffer_count_);
-    steps = buffer_count_ > 0 ? options_.epochs : 0;
-    steps_per_draw = std::max(1, kMaxDrawn / std::max(batch, 1));
-    drawn = std::min(steps, steps_per_draw);
-    draw_batches(drawn, batch);
-  }
+  const bool scored = good && pending_ && good_ > 0;  // a forecast for this step is pending
+  if (scored) add_to_window(speed);
+  const TrainPlan plan = good ? plan_training() : TrainPlan{};
   update_exo_stats(exo);
-  if (options_.du > 0 && num_exo_ > 0) {
-    std::copy_backward(exo_lags_.begin(), exo_lags_.end() - num_exo_, exo_lags_.end());
-    const bool sized = static_cast<int>(exo.size()) == num_exo_;
-    for (int k = 0; k < num_exo_; ++k)  // missing or bad entries read as their running mean
-      exo_lags_[k] = sized && std::isfinite(exo[k]) ? exo[k] : exo_mean_[k];
-  }
+  shift_exo_lags(exo);
   std::copy_backward(y_lags_.begin(), y_lags_.end() - 1, y_lags_.end());
   if (!good) {
     // Missing step: the lag slot gets our own forecast; nothing is learned or scored.
@@ -384,47 +363,99 @@ void NarxPredictor::observe(double speed, const std::vector<double>& exo) {
     return;
   }
   y_lags_[0] = speed;
-  if (pending_ && good_ > 0) {
-    // A proportional model's miss that the ratio input's new measurement explains (the input changed just
-    // after it was measured) is winsorised once warmed up (see kScoreClip), and the model learns from the new
-    // value: the one the step ran with.
-    const int k = options_.ratio;
-    const bool moved = ratio_active() && static_cast<int>(exo.size()) == num_exo_ && std::isfinite(exo[k]) &&
-                       exo[k] > 0 && exo[k] != pending_u_[k];
-    std::array<double, kRatios> ratio_u{};
-    const double floor = kScoreFloor * kScoreFloor * pending_base_ * pending_base_;
-    for (int i = 0; i < kCandidates; ++i) {
-      const double err = pending_candidates_[i] - speed;
-      double e2 = err * err;
-      if (ratio_active() && i >= kBase && i < kBase + kRatios) {
-        const int m = i - kBase;
-        ratio_u[m] = pending_u_[k];
-        const double explained = moved ? ratio_[m] * exo[k] - speed : 0.0;
-        if (moved && ratio_[m] > 0 && explained * explained < e2) {
-          ratio_u[m] = exo[k];
-          if (good_ > kScoreWarm) e2 = std::min(e2, kScoreClip * kScoreClip * std::max(mse_[i], floor));
-        }
-      }
-      mse_[i] += std::max(1.0 / static_cast<double>(good_), kMseAlpha) * (e2 - mse_[i]);
-    }
-    // The proportional models learn the speed per unit of the ratio input, the speed clipped to the band
-    // around recent speeds (a glitch moves them little; a lasting change widens the band).
-    for (int m = 0; m < kRatios && ratio_active(); ++m) {
-      const double r = std::clamp(speed, 0.5 * recent_lo_, 1.5 * recent_hi_) / ratio_u[m];
-      if (ratio_u[m] > 0 && std::isfinite(r) && r > 0)
-        ratio_[m] = ratio_[m] > 0 ? ratio_[m] + kRatioAlphas[m] * (r - ratio_[m]) : r;
-    }
-    // The linear model learns from the same step, its residual winsorised at kLinClip running standard
-    // deviations of its (winsorised) residuals once warmed up, floored relative to the level: a burst of
-    // 1000x glitches moves it little, a lasting change widens the band geometrically until it is followed.
-    const double pred = pending_candidates_[kLinear];
-    const bool warm = lin_weight_ >= 8;
-    const double bound = kLinClip * std::max(std::sqrt(lin_resid_var_), 1e-3 * std::abs(pred));
-    const double r = warm ? std::clamp(speed - pred, -bound, bound) : speed - pred;
-    linear_update(pending_u_.data(), pred + r);
-    lin_resid_var_ += (warm ? kMseAlpha : 1 / std::max(lin_weight_, 1.0)) * (r * r - lin_resid_var_);
-    if (!std::isfinite(lin_resid_var_)) lin_resid_var_ = 0;
+  if (scored) {
+    learn_ratios(speed, score_candidates(speed, exo));
+    learn_linear(speed);
   }
+  update_levels(speed);
+  train(plan);
+  stale_ = true;
+}
+
+// The scored step (its inputs, and its speed as the residual target) joins the training window.
+void NarxPredictor::add_to_window(double speed) {
+  const int n_in = num_inputs();
+  std::copy(pending_x_.begin(), pending_x_.end(),
+            buffer_x_.begin() + static_cast<size_t>(buffer_head_) * n_in);
+  buffer_y_[buffer_head_] = static_cast<float>(clip((speed - pending_base_) / pending_scale_, kClipInput));
+  buffer_head_ = (buffer_head_ + 1) % options_.window;
+  buffer_count_ = std::min(buffer_count_ + 1, options_.window);
+}
+
+// Draws this observation's training batches first (the same random sequence as drawing them step by step: the
+// window does not change while training) and prefetches their rows: with thousands of workers the window is
+// rarely in cache, and the misses then overlap with the bookkeeping before train().
+NarxPredictor::TrainPlan NarxPredictor::plan_training() {
+  TrainPlan plan;
+  plan.batch = std::min(options_.batch, buffer_count_);
+  plan.steps = buffer_count_ > 0 ? options_.epochs : 0;
+  plan.steps_per_draw = std::max(1, kMaxDrawn / std::max(plan.batch, 1));
+  plan.drawn = std::min(plan.steps, plan.steps_per_draw);
+  draw_batches(plan.drawn, plan.batch);
+  return plan;
+}
+
+void NarxPredictor::shift_exo_lags(const std::vector<double>& exo) {
+  if (options_.du == 0 || num_exo_ == 0) return;
+  std::copy_backward(exo_lags_.begin(), exo_lags_.end() - num_exo_, exo_lags_.end());
+  const bool sized = static_cast<int>(exo.size()) == num_exo_;
+  for (int k = 0; k < num_exo_; ++k)  // missing or bad entries read as their running mean
+    exo_lags_[k] = sized && std::isfinite(exo[k]) ? exo[k] : exo_mean_[k];
+}
+
+// Updates every candidate's recent squared error with this step's miss. A proportional model's miss that the
+// ratio input's new measurement explains (the input changed just after it was measured) is winsorised once
+// warmed up (see kScoreClip), and the model learns from the new value: the one the step ran with. Returns
+// the ratio input each proportional model learns from.
+std::array<double, NarxPredictor::kRatios> NarxPredictor::score_candidates(double speed,
+                                                                           const std::vector<double>& exo) {
+  const int k = options_.ratio;
+  const bool moved = ratio_active() && static_cast<int>(exo.size()) == num_exo_ && std::isfinite(exo[k]) &&
+                     exo[k] > 0 && exo[k] != pending_u_[k];
+  std::array<double, kRatios> ratio_u{};
+  const double floor = kScoreFloor * kScoreFloor * pending_base_ * pending_base_;
+  for (int i = 0; i < kCandidates; ++i) {
+    const double err = pending_candidates_[i] - speed;
+    double e2 = err * err;
+    if (ratio_active() && is_ratio(i)) {
+      const int m = i - kRatioSlow;
+      ratio_u[m] = pending_u_[k];
+      const double explained = moved ? ratio_[m] * exo[k] - speed : 0.0;
+      if (moved && ratio_[m] > 0 && explained * explained < e2) {
+        ratio_u[m] = exo[k];
+        if (good_ > kScoreWarm) e2 = std::min(e2, kScoreClip * kScoreClip * std::max(mse_[i], floor));
+      }
+    }
+    mse_[i] += std::max(1.0 / static_cast<double>(good_), kMseAlpha) * (e2 - mse_[i]);
+  }
+  return ratio_u;
+}
+
+// The proportional models learn the speed per unit of the ratio input, the speed clipped to the band around
+// recent speeds (a glitch moves them little; a lasting change widens the band).
+void NarxPredictor::learn_ratios(double speed, const std::array<double, kRatios>& ratio_u) {
+  for (int m = 0; m < kRatios && ratio_active(); ++m) {
+    const double r = std::clamp(speed, 0.5 * recent_lo_, 1.5 * recent_hi_) / ratio_u[m];
+    if (ratio_u[m] > 0 && std::isfinite(r) && r > 0)
+      ratio_[m] = ratio_[m] > 0 ? ratio_[m] + kRatioAlphas[m] * (r - ratio_[m]) : r;
+  }
+}
+
+// The linear model learns from the scored step, its residual winsorised at kLinClip running standard
+// deviations of its (winsorised) residuals once warmed up, floored relative to the level: a burst of 1000x
+// glitches moves it little, a lasting change widens the band geometrically until it is followed.
+void NarxPredictor::learn_linear(double speed) {
+  const double pred = pending_candidates_[kLinear];
+  const bool warm = lin_weight_ >= 8;
+  const double bound = kLinClip * std::max(std::sqrt(lin_resid_var_), 1e-3 * std::abs(pred));
+  const double r = warm ? std::clamp(speed - pred, -bound, bound) : speed - pred;
+  linear_update(pending_u_.data(), pred + r);
+  lin_resid_var_ += (warm ? kMseAlpha : 1 / std::max(lin_weight_, 1.0)) * (r * r - lin_resid_var_);
+  if (!std::isfinite(lin_resid_var_)) lin_resid_var_ = 0;
+}
+
+// A good speed: the running statistics, last value, EMAs and the band of recent speeds.
+void NarxPredictor::update_levels(double speed) {
   ++good_;
   if (good_ == 1) {
     std::fill(y_lags_.begin(), y_lags_.end(), speed);
@@ -444,15 +475,18 @@ void NarxPredictor::observe(double speed, const std::vector<double>& exo) {
     recent_lo_ = std::min(recent_lo_, speed);
     recent_hi_ = std::max(recent_hi_, speed);
   }
-  for (int s = 0, at = 0; s < steps; ++s, ++at) {
-    if (at == drawn) {  // more steps than kMaxDrawn samples: draw the next group
-      drawn = std::min(steps - s, steps_per_draw);
-      draw_batches(drawn, batch);
+}
+
+// The planned gradient steps; the first group of batches was drawn by plan_training().
+void NarxPredictor::train(TrainPlan plan) {
+  for (int s = 0, at = 0; s < plan.steps; ++s, ++at) {
+    if (at == plan.drawn) {  // more steps than kMaxDrawn samples: draw the next group
+      plan.drawn = std::min(plan.steps - s, plan.steps_per_draw);
+      draw_batches(plan.drawn, plan.batch);
       at = 0;
     }
-    train_step(scratch().idx.data() + static_cast<size_t>(at) * batch, batch);
+    train_step(scratch().idx.data() + static_cast<size_t>(at) * plan.batch, plan.batch);
   }
-  stale_ = true;
 }
 
 double NarxPredictor::linear_forecast(const double* u, double fallback) const {
@@ -723,14 +757,8 @@ bool has_tag(const std::string& state, const std::string& tag) {
   return state.compare(0, prefix.size(), prefix) == 0;
 }
 
-}  // namespace
-
-// narx/1 and narx/2 had no exogenous linear model, narx/1 to narx/3 no proportional models: they start
-// empty (their forecasts are the base until they have data) and with the largest recent squared error of the
-// other candidates, so they earn their weight; the ratio input is the default one.
-void NarxPredictor::load_state(const std::string& state) {
-  const bool v1 = has_tag(state, "narx/1"), v2 = has_tag(state, "narx/2"), v3 = has_tag(state, "narx/3");
-  StateReader r(state, v1 ? "narx/1" : v2 ? "narx/2" : v3 ? "narx/3" : "narx/4");
+// The options of a saved state (narx/1 and narx/2 had no forget and ridge, narx/1 to narx/3 no ratio).
+NarxOptions read_options(StateReader& r, int version) {
   NarxOptions o;
   o.dy = r.get<int>();
   o.du = r.get<int>();
@@ -740,116 +768,155 @@ void NarxPredictor::load_state(const std::string& state) {
   o.epochs = r.get<int>();
   o.batch = r.get<int>();
   o.sharp = r.get<double>();
-  if (!v1 && !v2) {
+  if (version >= 3) {
     o.forget = r.get<double>();
     o.ridge = r.get<double>();
   }
-  if (!v1 && !v2 && !v3) o.ratio = r.get<int>();
+  if (version >= 4) o.ratio = r.get<int>();
+  return o;
+}
+
+}  // namespace
+
+// narx/1 and narx/2 had no exogenous linear model, narx/1 to narx/3 no proportional models: they start
+// empty (their forecasts are the base until they have data) and with the largest recent squared error of the
+// other candidates, so they earn their weight; the ratio input is the default one.
+void NarxPredictor::load_state(const std::string& state) {
+  const int version = has_tag(state, "narx/1")   ? 1
+                      : has_tag(state, "narx/2") ? 2
+                      : has_tag(state, "narx/3") ? 3
+                                                 : 4;
+  StateReader r(state, "narx/" + std::to_string(version));
+  const NarxOptions o = read_options(r, version);
   const int num_exo = r.get<int>();
   NarxPredictor p(o, num_exo, 0);  // validates options and sizes every buffer
-  const int n_in = p.num_inputs(), h = o.hidden;
   p.rng_.set_state(r.get<uint64_t>());
-  if (v1) {
-    same_size_net(p.params_, r.get_vector<double>(), n_in, h);
-    same_size_net(p.adam_m_, r.get_vector<double>(), n_in, h);
-    same_size_net(p.adam_v_, r.get_vector<double>(), n_in, h);
-  } else {
-    same_size(p.params_, r.get_vector<float>());
-    same_size(p.adam_m_, r.get_vector<float>());
-    same_size(p.adam_v_, r.get_vector<float>());
-  }
-  p.adam_steps_ = r.get<int64_t>();
-  if (v1) {
-    p.adam_b1t_ = std::pow(0.9, static_cast<double>(p.adam_steps_));
-    p.adam_b2t_ = std::pow(0.999, static_cast<double>(p.adam_steps_));
-  } else {
-    p.adam_b1t_ = r.get<double>();
-    p.adam_b2t_ = r.get<double>();
-  }
-  p.good_ = r.get<int64_t>();
-  p.y_mean_ = r.get<double>();
-  p.y_var_ = r.get<double>();
-  p.last_ = r.get<double>();
-  p.ema_ = r.get<std::array<double, kEmas>>();
-  same_size(p.exo_mean_, r.get_vector<double>());
-  same_size(p.exo_var_, r.get_vector<double>());
-  same_size(p.exo_count_, r.get_vector<int64_t>());
-  same_size(p.y_lags_, r.get_vector<double>());
-  same_size(p.exo_lags_, r.get_vector<double>());
-  same_size(p.recent_, r.get_vector<double>());
-  p.recent_head_ = r.get<int>();
-  // Candidates of narx/1 and narx/2: last, EMAs, network; of narx/3: last, EMAs, linear model, network.
-  using V2Candidates = std::array<double, kBase + 1>;
-  using V3Candidates = std::array<double, kBase + 2>;
-  // The older candidates in the current layout, the new ones (ratios; linear model before narx/3) at fill.
-  auto widen = [](const double* old, size_t n, double fill) {
-    std::array<double, kCandidates> out{};
-    std::copy(old, old + kBase, out.begin());
-    std::fill(out.begin() + kBase, out.begin() + kBase + kRatios, fill);
-    out[kLinear] = n == V3Candidates().size() ? old[kBase] : fill;
-    out[kNet] = old[n - 1];
-    return out;
-  };
-  auto read_candidates = [&](bool as_mse, double fill) {
-    if (v1 || v2) {
-      const V2Candidates old = r.get<V2Candidates>();
-      return widen(old.data(), old.size(), as_mse ? *std::max_element(old.begin(), old.end()) : fill);
-    }
-    if (v3) {
-      const V3Candidates old = r.get<V3Candidates>();
-      return widen(old.data(), old.size(), as_mse ? *std::max_element(old.begin(), old.end()) : fill);
-    }
-    return r.get<std::array<double, kCandidates>>();
-  };
-  p.mse_ = read_candidates(true, 0);
-  p.pending_ = r.get<bool>();
-  p.stale_ = v1 ? false : r.get<bool>();
-  if (v1)
-    same_size_float(p.pending_x_, r.get_vector<double>());
-  else
-    same_size(p.pending_x_, r.get_vector<float>());
-  // The new candidates' pending forecasts are the base, which is read after them.
-  const std::array<double, kCandidates> pending = read_candidates(false, 0);
-  p.pending_base_ = r.get<double>();
-  p.pending_candidates_ = pending;
-  if (v1 || v2 || v3) {
-    std::fill(p.pending_candidates_.begin() + kBase, p.pending_candidates_.begin() + kBase + kRatios,
-              p.pending_base_);
-    if (!v3) p.pending_candidates_[kLinear] = p.pending_base_;
-  }
-  p.pending_scale_ = r.get<double>();
-  p.last_prediction_ = r.get<double>();
-  if (v1) {
-    same_size_float(p.buffer_x_, r.get_vector<double>());
-    same_size_float(p.buffer_y_, r.get_vector<double>());
-  } else {
-    const std::vector<float> rows = r.get_vector<float>();
-    if (rows.size() != p.buffer_x_.size()) throw std::invalid_argument("narx state has inconsistent sizes");
-    p.buffer_x_.assign(rows.begin(), rows.end());
-    same_size(p.buffer_y_, r.get_vector<float>());
-  }
-  p.buffer_count_ = r.get<int>();
-  p.buffer_head_ = r.get<int>();
-  if (!v1 && !v2) {
-    p.lin_weight_ = r.get<double>();
-    p.lin_y_mean_ = r.get<double>();
-    p.lin_resid_var_ = r.get<double>();
-    same_size(p.lin_u_mean_, r.get_vector<double>());
-    same_size(p.lin_uu_, r.get_vector<double>());
-    same_size(p.lin_uy_, r.get_vector<double>());
-    same_size(p.pending_u_, r.get_vector<double>());
-    if (!v3) p.ratio_ = r.get<std::array<double, kRatios>>();
-  } else if (p.pending_) {
-    // The pending forecast's regressors were not saved: the newest measured values stand in.
-    const double* newest = p.options_.du > 0 ? p.exo_lags_.data() : p.exo_mean_.data();
-    std::copy(newest, newest + num_exo, p.pending_u_.begin());
-  }
+  p.read_network(r, version);
+  p.read_levels(r);
+  p.read_forecasts(r, version);
+  p.read_window(r, version);
+  p.read_exo_models(r, version);
   r.finish();
   p.update_band();
   if (p.recent_head_ < 0 || p.recent_head_ >= p.options_.window || p.buffer_head_ < 0 ||
       p.buffer_head_ >= p.options_.window || p.buffer_count_ < 0 || p.buffer_count_ > p.options_.window)
     throw std::invalid_argument("narx state has out-of-range indices");
   *this = std::move(p);
+}
+
+// Parameters and Adam state; narx/1 kept them in double with W1 hidden-major and no running powers.
+void NarxPredictor::read_network(StateReader& r, int version) {
+  const int n_in = num_inputs(), h = options_.hidden;
+  if (version == 1) {
+    same_size_net(params_, r.get_vector<double>(), n_in, h);
+    same_size_net(adam_m_, r.get_vector<double>(), n_in, h);
+    same_size_net(adam_v_, r.get_vector<double>(), n_in, h);
+  } else {
+    same_size(params_, r.get_vector<float>());
+    same_size(adam_m_, r.get_vector<float>());
+    same_size(adam_v_, r.get_vector<float>());
+  }
+  adam_steps_ = r.get<int64_t>();
+  if (version == 1) {
+    adam_b1t_ = std::pow(0.9, static_cast<double>(adam_steps_));
+    adam_b2t_ = std::pow(0.999, static_cast<double>(adam_steps_));
+  } else {
+    adam_b1t_ = r.get<double>();
+    adam_b2t_ = r.get<double>();
+  }
+}
+
+// The speed's statistics and levels, the exogenous statistics, the lags and the ring of recent speeds.
+void NarxPredictor::read_levels(StateReader& r) {
+  good_ = r.get<int64_t>();
+  y_mean_ = r.get<double>();
+  y_var_ = r.get<double>();
+  last_ = r.get<double>();
+  ema_ = r.get<std::array<double, kEmas>>();
+  same_size(exo_mean_, r.get_vector<double>());
+  same_size(exo_var_, r.get_vector<double>());
+  same_size(exo_count_, r.get_vector<int64_t>());
+  same_size(y_lags_, r.get_vector<double>());
+  same_size(exo_lags_, r.get_vector<double>());
+  same_size(recent_, r.get_vector<double>());
+  recent_head_ = r.get<int>();
+}
+
+// One value per candidate in the current layout. narx/1 and narx/2 saved kLast, the EMAs and kNet; narx/3
+// kLast, the EMAs, kLinear and kNet. The candidates they lacked get `fill`, or with `as_mse` the largest of
+// the saved values.
+std::array<double, NarxPredictor::kCandidates> NarxPredictor::read_candidates(StateReader& r, int version,
+                                                                              bool as_mse, double fill) {
+  if (version >= 4) return r.get<std::array<double, kCandidates>>();
+  std::array<double, kBase + 2> old{};  // room for narx/3's; narx/1 and /2 use the first kBase + 1
+  const size_t n = version == 3 ? kBase + 2 : kBase + 1;
+  if (version == 3) {
+    old = r.get<std::array<double, kBase + 2>>();
+  } else {
+    const std::array<double, kBase + 1> v2 = r.get<std::array<double, kBase + 1>>();
+    std::copy(v2.begin(), v2.end(), old.begin());
+  }
+  if (as_mse) fill = *std::max_element(old.begin(), old.begin() + n);
+  std::array<double, kCandidates> out{};
+  std::copy(old.begin(), old.begin() + kBase, out.begin());
+  std::fill(out.begin() + kRatioSlow, out.begin() + kRatioFast + 1, fill);
+  out[kLinear] = version == 3 ? old[kBase] : fill;
+  out[kNet] = old[n - 1];
+  return out;
+}
+
+// Recent squared errors, the pending forecast and its inputs. The candidates older states lacked forecast
+// the base, which is read after them.
+void NarxPredictor::read_forecasts(StateReader& r, int version) {
+  mse_ = read_candidates(r, version, true, 0);
+  pending_ = r.get<bool>();
+  stale_ = version == 1 ? false : r.get<bool>();
+  if (version == 1)
+    same_size_float(pending_x_, r.get_vector<double>());
+  else
+    same_size(pending_x_, r.get_vector<float>());
+  pending_candidates_ = read_candidates(r, version, false, 0);
+  pending_base_ = r.get<double>();
+  if (version < 4) {
+    std::fill(pending_candidates_.begin() + kRatioSlow, pending_candidates_.begin() + kRatioFast + 1,
+              pending_base_);
+    if (version < 3) pending_candidates_[kLinear] = pending_base_;
+  }
+  pending_scale_ = r.get<double>();
+  last_prediction_ = r.get<double>();
+}
+
+// The training window (narx/1 kept it in double).
+void NarxPredictor::read_window(StateReader& r, int version) {
+  if (version == 1) {
+    same_size_float(buffer_x_, r.get_vector<double>());
+    same_size_float(buffer_y_, r.get_vector<double>());
+  } else {
+    const std::vector<float> rows = r.get_vector<float>();
+    if (rows.size() != buffer_x_.size()) throw std::invalid_argument("narx state has inconsistent sizes");
+    buffer_x_.assign(rows.begin(), rows.end());
+    same_size(buffer_y_, r.get_vector<float>());
+  }
+  buffer_count_ = r.get<int>();
+  buffer_head_ = r.get<int>();
+}
+
+// The exogenous linear model (narx/3 on) and the proportional models (narx/4).
+void NarxPredictor::read_exo_models(StateReader& r, int version) {
+  if (version >= 3) {
+    lin_weight_ = r.get<double>();
+    lin_y_mean_ = r.get<double>();
+    lin_resid_var_ = r.get<double>();
+    same_size(lin_u_mean_, r.get_vector<double>());
+    same_size(lin_uu_, r.get_vector<double>());
+    same_size(lin_uy_, r.get_vector<double>());
+    same_size(pending_u_, r.get_vector<double>());
+    if (version >= 4) ratio_ = r.get<std::array<double, kRatios>>();
+  } else if (pending_) {
+    // The pending forecast's regressors were not saved: the newest measured values stand in.
+    const double* newest = options_.du > 0 ? exo_lags_.data() : exo_mean_.data();
+    std::copy(newest, newest + num_exo_, pending_u_.begin());
+  }
 }
 
 }  // namespace lbbsp::predictors

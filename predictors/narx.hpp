@@ -58,12 +58,23 @@ class NarxPredictor final : public Predictor {
   const NarxOptions& options() const { return options_; }
 
  private:
-  static constexpr int kEmas = 3;
-  static constexpr int kBase = 1 + kEmas;          // last, EMAs: the members of the base forecast
-  static constexpr int kRatios = 2;                // then the proportional models
-  static constexpr int kLinear = kBase + kRatios;  // then the exogenous linear model
-  static constexpr int kNet = kLinear + 1;         // then the network
-  static constexpr int kCandidates = kNet + 1;
+  // The candidate forecasts the prediction blends by their recent squared errors (indices into mse_ and
+  // pending_candidates_, in the order of the saved state). The first kBase are the base forecast's members.
+  enum Candidate : int {
+    kLast = 0,       // the last good speed (persistence)
+    kEmaFast = 1,    // EMA of the speed, alpha 0.5 (kEmaAlphas)
+    kEmaMedium = 2,  // EMA of the speed, alpha 0.15
+    kEmaSlow = 3,    // EMA of the speed, alpha 0.03
+    kRatioSlow = 4,  // proportional model: speed = rho * u[ratio], rho an EMA with alpha 0.05 (kRatioAlphas)
+    kRatioFast = 5,  // proportional model, rho an EMA with alpha 0.15
+    kLinear = 6,     // exogenous linear model: speed ~ a + b . u, exponentially weighted least squares
+    kNet = 7,        // the network: the base forecast plus the residual it predicts
+    kCandidates = 8
+  };
+  static constexpr int kEmas = kEmaSlow - kEmaFast + 1;        // EMA levels kept (ema_)
+  static constexpr int kBase = kEmaSlow + 1;                   // kLast and the EMAs blend into the base
+  static constexpr int kRatios = kRatioFast - kRatioSlow + 1;  // proportional models kept (ratio_)
+  static bool is_ratio(int candidate) { return candidate >= kRatioSlow && candidate <= kRatioFast; }
   static constexpr int kMaxDrawn = 64;  // batch indices drawn ahead at most
   int num_inputs() const;
   int num_params() const;
@@ -75,7 +86,27 @@ class NarxPredictor final : public Predictor {
   void draw_batches(int steps,
                     int batch);  // fills the scratch indices with `steps` batches, prefetches their rows
   void train_step(const int* idx, int batch);
+  // observe() in steps: the scored step joins the window, training is planned, candidates are scored, the
+  // exogenous models and the levels learn, then the network trains.
+  struct TrainPlan {  // one observation's gradient steps, their batches drawn kMaxDrawn samples at a time
+    int batch = 0, steps = 0, steps_per_draw = 1, drawn = 0;
+  };
+  void add_to_window(double speed);
+  TrainPlan plan_training();
+  void shift_exo_lags(const std::vector<double>& exo);
+  std::array<double, kRatios> score_candidates(double speed, const std::vector<double>& exo);
+  void learn_ratios(double speed, const std::array<double, kRatios>& ratio_u);
+  void learn_linear(double speed);
+  void update_levels(double speed);
+  void train(TrainPlan plan);
   void blend_weights(double* w, int count) const;
+  // load_state() in steps, in the order of the saved state; `version` is the N of its "narx/N" tag.
+  void read_network(StateReader& r, int version);
+  void read_levels(StateReader& r);
+  std::array<double, kCandidates> read_candidates(StateReader& r, int version, bool as_mse, double fill);
+  void read_forecasts(StateReader& r, int version);
+  void read_window(StateReader& r, int version);
+  void read_exo_models(StateReader& r, int version);
   bool ratio_active() const { return options_.ratio >= 0 && options_.ratio < num_exo_; }
   // The linear model's forecast for regressors u (num_exo values), or `fallback` before it has data.
   double linear_forecast(const double* u, double fallback) const;

@@ -43,7 +43,7 @@ expect_fail "target-accuracy: Value 1.5 not in range" "$LBBSP" "${T[@]}" --targe
 expect_fail "global-batch: 'abc' is not a finite number" "$LBBSP" "${T[@]}" --global-batch abc
 expect_fail "seed: -1 must be >= 0" "$LBBSP" "${T[@]}" --seed -1
 expect_fail "min batch 100 x 1 workers exceeds the global batch 16" "$LBBSP" "${T[@]}" --min-batch 100
-expect_fail "schedule .step:0:0.1.: EVERY must be positive" "$LBBSP" "${T[@]}" --lr-schedule step:0:0.1
+expect_fail "--lr-schedule: EVERY must be positive \(in .step:0:0.1." "$LBBSP" "${T[@]}" --lr-schedule step:0:0.1
 expect_fail "inject-fault 'x': expected RANK:ITERATION:KIND" "$LBBSP" "${T[@]}" --inject-fault x
 expect_fail "inject-fault '0:1:explode': KIND must be" "$LBBSP" "${T[@]}" --inject-fault 0:1:explode
 expect_fail "checkpoint-every needs --checkpoint-dir" "$LBBSP" "${T[@]}" --checkpoint-every 5

@@ -74,7 +74,7 @@ rm "$T/planetlab/day/broken"
 echo garbage | gzip -n | head -c 10 >"$T/own/truncated.csv.gz"
 expect_fail "truncated.csv.gz" "$LBBSP" predict-eval --traces "$T"
 rm "$T/own/truncated.csv.gz"
-expect_fail "bad predictor spec 'lstm'.*valid:" "$LBBSP" predict-eval --traces "$T" --predictors narx,lstm
+expect_fail "predictor: unknown predictor 'lstm'.*valid:" "$LBBSP" predict-eval --traces "$T" --predictors narx,lstm
 expect_fail "needs --traces DIR or --telemetry RUN_DIR" "$LBBSP" predict-eval
 expect_fail "excludes" "$LBBSP" predict-eval --traces "$T" --telemetry "$RUN"
 expect_fail "telemetry.h5" "$LBBSP" predict-eval --telemetry "$SCRATCH/nope"

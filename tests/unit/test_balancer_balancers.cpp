@@ -122,6 +122,30 @@ TEST(Balancers, FactoryRejectsBadConfigs) {
   }
 }
 
+// The spec errors in the shared style (common/spec.hpp): WHAT: WHY (in 'SPEC'; valid: ...).
+TEST(Balancers, FactoryErrorsNameTheSpecAndTheValidForms) {
+  const auto message = [](const char* name) -> std::string {
+    try {
+      make_balancer(config(name, 4, 16));
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  const std::string valid =
+      "valid: bsp, static[:K], random[:SEED], lbbsp-cpu[:PREDICTOR], lbbsp-gpu[:W], lbbsp-gpu-model, oracle)";
+  EXPECT_EQ(message("nope"), "balancer: unknown balancer 'nope' (in 'nope'; " + valid);
+  EXPECT_EQ(message("bsp:1"), "balancer: 'bsp' takes no arguments (in 'bsp:1'; " + valid);
+  EXPECT_EQ(message("static:x"), "balancer: bad static measuring iterations 'x' (in 'static:x'; " + valid);
+  EXPECT_EQ(
+      message("lbbsp-gpu;window=2"),
+      "balancer: 'lbbsp-gpu' takes no ;KEY=VALUE options, got 'window' (in 'lbbsp-gpu;window=2'; " + valid);
+  EXPECT_EQ(message("lbbsp-cpu:lstm").rfind("predictor: unknown predictor 'lstm' (in 'lstm'; valid: ", 0), 0u)
+      << message("lbbsp-cpu:lstm");
+  // KIND:ARGS keeps the inner colons for the predictor spec.
+  EXPECT_EQ(make_balancer(config("lbbsp-cpu:narx:hidden=4", 4, 16))->name(), "lbbsp-cpu:narx:hidden=4");
+}
+
 TEST(Balancers, BspIsAnEqualSplitWithRemainderFirst) {
   auto b = make_balancer(config("bsp", 4, 10));
   EXPECT_EQ(b->initial(), (std::vector<int64_t>{3, 3, 2, 2}));

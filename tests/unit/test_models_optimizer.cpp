@@ -3,6 +3,9 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "models/optimizer.hpp"
 #include "test_models_util.hpp"
@@ -111,6 +114,26 @@ TEST(LrSchedule, ParseErrorsNameTheSpec) {
   }
   EXPECT_THROW(parse_lr_schedule("cosine", 0.1, 10, 10), std::invalid_argument);
   EXPECT_THROW(parse_lr_schedule("constant", 0.1, -1, 10), std::invalid_argument);
+}
+
+TEST(LrSchedule, KindIsAnEnumAndErrorsAreInTheSpecStyle) {
+  EXPECT_EQ(parse_lr_schedule("constant", 0.1, 0, 100).kind, LrSchedule::Kind::constant);
+  EXPECT_EQ(parse_lr_schedule("step:10:0.5", 0.1, 0, 100).kind, LrSchedule::Kind::step);
+  EXPECT_EQ(parse_lr_schedule("cosine", 0.1, 0, 100).kind, LrSchedule::Kind::cosine);
+  for (const auto& [spec, why] : std::vector<std::pair<std::string, std::string>>{
+           {"linear", "unknown kind"},
+           {"step:0:0.1", "EVERY must be positive"},
+           {"step", "missing ':EVERY:GAMMA'"},
+           {"cosine:1", "'cosine' takes no arguments"},
+           {"step:10:0.5;x=1", "'step' takes no ;KEY=VALUE options, got 'x'"}}) {
+    try {
+      parse_lr_schedule(spec, 0.1, 0, 100);
+      ADD_FAILURE() << "accepted '" << spec << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "--lr-schedule: " + why + " (in '" + spec + "'; valid: constant, step:EVERY:GAMMA, cosine)");
+    }
+  }
 }
 
 }  // namespace

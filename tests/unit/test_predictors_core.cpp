@@ -112,6 +112,24 @@ TEST(PredictorFactory, RejectsBadSpecsNamingThemAndListingValidOnes) {
   EXPECT_THROW(make_predictor("ema", -1, 0), std::invalid_argument);
 }
 
+// The spec errors in the shared style (common/spec.hpp); no predictor takes ;KEY=VALUE options.
+TEST(PredictorFactory, ErrorsAreInTheSpecStyle) {
+  for (const auto& [spec, why] : std::vector<std::pair<std::string, std::string>>{
+           {"lstm", "unknown predictor 'lstm'"},
+           {"ema:2", "alpha must be in (0, 1]"},
+           {"narx:dy=0", "narx dy must be in [1, 64]"},
+           {"ema;alpha=0.2", "'ema' takes no ;KEY=VALUE options, got 'alpha'"}}) {
+    try {
+      make_predictor(spec, 1, 0);
+      ADD_FAILURE() << "accepted '" << spec << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("predictor: " + why + " (in '" + spec + "'; valid: last, ema", 0),
+                0u)
+          << e.what();
+    }
+  }
+}
+
 TEST(PredictorRobustness, NeverNaNNegativeOrZeroAndRecovers) {
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
   for (const auto& spec : kSpecs) {

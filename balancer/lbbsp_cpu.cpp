@@ -1,0 +1,133 @@
+// lbbsp-cpu[:PREDICTOR]: the paper's CPU algorithm: one speed predictor per worker (predictors/), the batch
+// split by the predicted speeds (assign_by_speed).
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "balancer/balancer_base.hpp"
+#include "balancer/state_io.hpp"
+#include "predictors/fleet.hpp"
+#include "predictors/predictor.hpp"
+
+namespace lbbsp::balancer::detail {
+namespace {
+
+// Exogenous vectors are fitted to the configured length, and non-finite entries zeroed, before predictors see
+// them.
+std::vector<double> fit_exo(const std::vector<double>& exo, int num_exo) {
+  std::vector<double> out(static_cast<size_t>(num_exo), 0.0);
+  for (size_t k = 0; k < out.size() && k < exo.size(); ++k) out[k] = std::isfinite(exo[k]) ? exo[k] : 0.0;
+  return out;
+}
+
+// Measured speeds of one iteration with implausible outliers clipped to 100 x the median (a worker that
+// reports a 1000x speed would otherwise be handed the whole batch).
+std::vector<double> clipped_speeds(const IterationReport& report) {
+  std::vector<double> speeds(report.workers.size());
+  std::vector<double> valid;
+  valid.reserve(speeds.size());
+  for (size_t i = 0; i < speeds.size(); ++i) {
+    speeds[i] = measured_speed(report.workers[i]);
+    if (!std::isnan(speeds[i])) valid.push_back(speeds[i]);
+  }
+  if (valid.size() >= 3) {
+    auto mid = valid.begin() + static_cast<std::ptrdiff_t>(valid.size() / 2);
+    std::nth_element(valid.begin(), mid, valid.end());
+    const double limit = 100.0 * *mid;
+    for (double& s : speeds)
+      if (s > limit) s = limit;
+  }
+  return speeds;
+}
+
+class LbbspCpuBalancer final : public BalancerBase {
+ public:
+  LbbspCpuBalancer(const BalancerConfig& cfg, std::string spec)
+      : BalancerBase(cfg, true), spec_(std::move(spec)) {
+    predictors_.reserve(n());
+    for (size_t i = 0; i < n(); ++i)
+      predictors_.push_back(
+          predictors::make_predictor(spec_, cfg.num_exo, cfg.seed + static_cast<uint64_t>(i)));
+    base_speed_.assign(n(), kNaN);
+    signal_base_.assign(n(), kNaN);
+  }
+  std::string name() const override { return "lbbsp-cpu:" + spec_; }
+  std::vector<int64_t> initial() override { return equal_split(bounds_for(nullptr)); }
+  std::vector<int64_t> next(const IterationReport& report) override {
+    check_report(report);
+    const std::vector<double> speeds = clipped_speeds(report);
+    BatchBounds bounds = bounds_for(&report);
+    predicted_.resize(n());
+    // Each worker's predictor state is independent: large fleets update in parallel (same results for any
+    // thread count), prefetching the state two workers ahead (thousands of states do not fit in cache).
+    predictors::for_each_worker(n(), [&](size_t i) {
+      if (i + 2 < n()) predictors_[i + 2]->prefetch();
+      const WorkerReport& w = report.workers[i];
+      predictors_[i]->observe(speeds[i], fit_exo(w.exo, cfg_.num_exo));
+      if (!std::isnan(speeds[i]) && std::isfinite(w.capacity) && w.capacity > 0)
+        base_speed_[i] = speeds[i] / w.capacity;
+      if (std::isfinite(base_speed_[i]) && std::isfinite(w.capacity_next) && w.capacity_next > 0)
+        predictors_[i]->set_truth(base_speed_[i] * w.capacity_next);  // only the oracle predictor listens
+      const bool exo_next_known = static_cast<int>(w.exo_next.size()) == cfg_.num_exo && cfg_.num_exo > 0;
+      predicted_[i] =
+          predictors_[i]->predict(exo_next_known ? fit_exo(w.exo_next, cfg_.num_exo) : std::vector<double>{});
+      // With a capacity signal an idle worker is still tracked: its speed at capacity 1 times the capacity
+      // now.
+      const double cap = capacity_signal(w.exo);
+      if (!std::isnan(speeds[i]) && !std::isnan(cap)) signal_base_[i] = speeds[i] / cap;
+      double cap_next = capacity_signal(w.exo_next);
+      if (std::isnan(cap_next)) cap_next = cap;
+      const bool tracked = std::isfinite(signal_base_[i]) && !std::isnan(cap_next);
+      if (std::isnan(speeds[i]) && tracked) predicted_[i] = signal_base_[i] * cap_next;
+      if (tracked) bounds.min[i] = std::min(cfg_.min_batch, bounds.max[i]);
+    });
+    std::vector<int64_t> batch = assign_by_speed(predicted_, cfg_.global_batch, bounds);
+    const auto iteration_s = [&] {
+      double worst = 0;
+      for (size_t i = 0; i < n(); ++i)
+        if (batch[i] > 0 && predicted_[i] > 0) worst = std::max(worst, batch[i] / predicted_[i]);
+      return worst;
+    };
+    const auto probed = probe_hopeless(
+        report, batch, iteration_s, [&](size_t i) { return 1.0 / signal_base_[i]; }, bounds);
+    return probed.empty() ? batch : assign_by_speed(predicted_, cfg_.global_batch, bounds);
+  }
+  std::vector<double> predicted_speeds() const override { return predicted_; }
+  std::string save_state() const override {
+    StateWriter w("lbbsp-cpu");
+    w.str(spec_);
+    w.f64s(predicted_);
+    w.f64s(base_speed_);
+    w.f64s(signal_base_);
+    for (const auto& p : predictors_) w.str(p->save_state());
+    return w.text();
+  }
+  void load_state(const std::string& state) override {
+    StateReader r(state, "lbbsp-cpu");
+    if (r.str() != spec_) throw std::invalid_argument("lbbsp-cpu: state was saved with another predictor");
+    predicted_ = r.f64s();
+    base_speed_ = r.f64s();
+    signal_base_ = r.f64s();
+    if (base_speed_.size() != n() || signal_base_.size() != n())
+      throw std::invalid_argument("lbbsp-cpu: state is for another worker count");
+    for (auto& p : predictors_) p->load_state(r.str());
+  }
+
+ private:
+  std::string spec_;
+  std::vector<std::unique_ptr<predictors::Predictor>> predictors_;
+  std::vector<double> predicted_;
+  std::vector<double> base_speed_;   // speed at capacity 1 (ground truth capacity), for the oracle predictor
+  std::vector<double> signal_base_;  // speed at capacity 1 by the capacity exo (cfg.capacity_exo)
+};
+
+}  // namespace
+
+std::unique_ptr<Balancer> make_lbbsp_cpu(const BalancerConfig& cfg, const std::string& predictor_spec) {
+  return std::make_unique<LbbspCpuBalancer>(cfg, predictor_spec);
+}
+
+}  // namespace lbbsp::balancer::detail

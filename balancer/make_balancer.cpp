@@ -1,0 +1,86 @@
+// make_balancer(): checks the config, parses the balancer spec (KIND[:ARGS], common/spec.hpp) and builds the
+// balancer of that kind (one per file: bsp.cpp, static.cpp, random.cpp, lbbsp_cpu.cpp, lbbsp_gpu.cpp,
+// lbbsp_gpu_model.cpp, oracle.cpp).
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "balancer/balancer.hpp"
+#include "balancer/balancer_base.hpp"
+#include "common/spec.hpp"
+
+namespace lbbsp::balancer {
+namespace {
+
+constexpr const char* kKinds[] = {"bsp",       "static",          "random", "lbbsp-cpu",
+                                  "lbbsp-gpu", "lbbsp-gpu-model", "oracle"};
+constexpr const char* kValidBalancers =
+    "valid: bsp, static[:K], random[:SEED], lbbsp-cpu[:PREDICTOR], lbbsp-gpu[:W], lbbsp-gpu-model, oracle";
+
+// Whole text as a (signed) integer, as std::stoll reads it; `what` names the field in the message.
+int64_t parse_int(const spec::Spec& spec, const std::string& text, const std::string& what) {
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (text.empty() || used != text.size()) spec.fail("bad " + what + " '" + text + "'");
+  return v;
+}
+
+void check_config(const BalancerConfig& cfg) {
+  if (cfg.workers < 1)
+    throw std::invalid_argument("balancer: workers must be >= 1, got " + std::to_string(cfg.workers));
+  if (cfg.global_batch < 0) throw std::invalid_argument("balancer: global batch must be >= 0");
+  if (cfg.min_batch < 0) throw std::invalid_argument("balancer: min batch must be >= 0");
+  if (cfg.min_batch > 0 && cfg.min_batch > cfg.global_batch / cfg.workers)
+    throw std::invalid_argument("balancer: min batch " + std::to_string(cfg.min_batch) + " x " +
+                                std::to_string(cfg.workers) + " workers exceeds the global batch " +
+                                std::to_string(cfg.global_batch));
+  if (cfg.num_exo < 0) throw std::invalid_argument("balancer: num_exo must be >= 0");
+  if (cfg.capacity_exo >= cfg.num_exo || cfg.capacity_exo < -1)
+    throw std::invalid_argument("balancer: capacity_exo " + std::to_string(cfg.capacity_exo) +
+                                " is not an exo index (num_exo " + std::to_string(cfg.num_exo) + ")");
+  if (!cfg.mem_cap.empty() && cfg.mem_cap.size() != static_cast<size_t>(cfg.workers))
+    throw std::invalid_argument("balancer: " + std::to_string(cfg.mem_cap.size()) + " memory caps for " +
+                                std::to_string(cfg.workers) + " workers");
+}
+
+}  // namespace
+
+std::unique_ptr<Balancer> make_balancer(const BalancerConfig& cfg) {
+  check_config(cfg);
+  const spec::Spec spec(cfg.name, "balancer", kValidBalancers);
+  const std::string& kind = spec.kind();
+  if (std::find(std::begin(kKinds), std::end(kKinds), kind) == std::end(kKinds))
+    spec.fail("unknown balancer '" + cfg.name + "'");
+  spec.expect_no_options();
+  if (kind == "bsp") return spec.expect_no_args(), detail::make_bsp(cfg);
+  if (kind == "oracle") return spec.expect_no_args(), detail::make_oracle(cfg);
+  if (kind == "lbbsp-gpu-model") return spec.expect_no_args(), detail::make_lbbsp_gpu_model(cfg);
+  if (kind == "static") {
+    const int64_t k = spec.has_args() ? parse_int(spec, spec.args(), "static measuring iterations") : 5;
+    if (k < 1) spec.fail("static needs >= 1 measuring iteration, got " + spec.args());
+    return detail::make_static(cfg, k);
+  }
+  if (kind == "random") {
+    const int64_t seed =
+        spec.has_args() ? parse_int(spec, spec.args(), "random seed") : static_cast<int64_t>(cfg.seed);
+    return detail::make_random(cfg, static_cast<uint64_t>(seed));
+  }
+  if (kind == "lbbsp-cpu") {  // the arguments are a predictor spec, parsed by make_predictor()
+    const std::string predictor = spec.has_args() ? spec.args() : cfg.predictor;
+    if (predictor.empty()) spec.fail("lbbsp-cpu needs a predictor spec");
+    return detail::make_lbbsp_cpu(cfg, predictor);
+  }
+  const int64_t window = spec.has_args() ? parse_int(spec, spec.args(), "lbbsp-gpu window") : 2;
+  if (window < 1) spec.fail("lbbsp-gpu window must be >= 1, got " + spec.args());
+  return detail::make_lbbsp_gpu(cfg, window);  // kind == "lbbsp-gpu"
+}
+
+}  // namespace lbbsp::balancer
