@@ -15,11 +15,11 @@ double LrSchedule::lr_at(int64_t iteration) const {
     return base_lr * double(iteration + 1) / double(warmup_iterations);
   const int64_t t = iteration - warmup_iterations;  // iterations since warm-up ended
   switch (kind) {
-    case Kind::constant:
+    case Kind::kConstant:
       return base_lr;
-    case Kind::step:
+    case Kind::kStep:
       return step_every > 0 ? base_lr * std::pow(step_gamma, double(t / step_every)) : base_lr;
-    case Kind::cosine: {
+    case Kind::kCosine: {
       const int64_t span = total_iterations - warmup_iterations;
       if (span <= 0 || t >= span) return 0.0;
       return 0.5 * base_lr * (1.0 + std::cos(std::numbers::pi * double(t) / double(span)));
@@ -59,13 +59,13 @@ LrSchedule parse_lr_schedule(const std::string& text, double base_lr, int64_t wa
   spec.expect_no_options();
   if (kind == "step") {
     if (!spec.has_args()) spec.fail("missing ':EVERY:GAMMA'");
-    s.kind = LrSchedule::Kind::step;
+    s.kind = LrSchedule::Kind::kStep;
     parse_step(spec, s);
     return s;
   }
   spec.expect_no_args();
-  s.kind = kind == "cosine" ? LrSchedule::Kind::cosine : LrSchedule::Kind::constant;
-  if (s.kind == LrSchedule::Kind::cosine && total <= warmup)
+  s.kind = kind == "cosine" ? LrSchedule::Kind::kCosine : LrSchedule::Kind::kConstant;
+  if (s.kind == LrSchedule::Kind::kCosine && total <= warmup)
     spec.fail("cosine needs total iterations > warm-up");
   return s;
 }

@@ -9,8 +9,8 @@
 namespace lbbsp::models {
 
 struct LrSchedule {
-  enum class Kind { constant, step, cosine };
-  Kind kind = Kind::constant;
+  enum class Kind { kConstant, kStep, kCosine };
+  Kind kind = Kind::kConstant;
   double base_lr = 0.05;
   int64_t warmup_iterations = 0;  // linear warm-up from 0 to base_lr
   int64_t total_iterations = 0;   // cosine: length of the decay

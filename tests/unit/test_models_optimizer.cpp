@@ -117,9 +117,9 @@ TEST(LrSchedule, ParseErrorsNameTheSpec) {
 }
 
 TEST(LrSchedule, KindIsAnEnumAndErrorsAreInTheSpecStyle) {
-  EXPECT_EQ(parse_lr_schedule("constant", 0.1, 0, 100).kind, LrSchedule::Kind::constant);
-  EXPECT_EQ(parse_lr_schedule("step:10:0.5", 0.1, 0, 100).kind, LrSchedule::Kind::step);
-  EXPECT_EQ(parse_lr_schedule("cosine", 0.1, 0, 100).kind, LrSchedule::Kind::cosine);
+  EXPECT_EQ(parse_lr_schedule("constant", 0.1, 0, 100).kind, LrSchedule::Kind::kConstant);
+  EXPECT_EQ(parse_lr_schedule("step:10:0.5", 0.1, 0, 100).kind, LrSchedule::Kind::kStep);
+  EXPECT_EQ(parse_lr_schedule("cosine", 0.1, 0, 100).kind, LrSchedule::Kind::kCosine);
   for (const auto& [spec, why] : std::vector<std::pair<std::string, std::string>>{
            {"linear", "unknown kind"},
            {"step:0:0.1", "EVERY must be positive"},
