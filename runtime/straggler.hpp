@@ -1,49 +1,22 @@
 // Straggler emulation (--straggle SPEC): recreates a non-dedicated cluster on a small, quiet machine.
-//
-//   SPEC    := KIND [";" OPTION]...
-//   KIND    := none | static:F0,F1,...        capacity factor per rank (cycled when fewer than ranks)
-//            | trace:PATH[,PATH...]          capacity time series (files or folders, see runtime/traces.hpp)
-//            | stress:RANK=LOAD[,...]        a real stress-ng co-tenant next to RANK at LOAD percent
-//   OPTION  := scale=S          seconds of training per trace step (default 1)
-//            | rate=K           instead of scale: replay by the trace's own timestamps, K trace seconds per
-//                               second of training (the value of the latest sample is held until the next)
-//            | align=time       trace with rate: every rank starts at one seeded trace time (co-located
-//                               machines of one cluster at the same moment) instead of its own random step
-//            | offset=O[,O...]  trace step each rank starts at (default: seeded random)
-//            | noise=SD         Gaussian noise on the CPU availability reported in replay (default 0)
-//            | period=S         stress: co-tenant on for S seconds, off for S seconds (default: always on)
-//            | gpu=FLOOR:SAT:SLOPE:CAP[,...]  GPU-like cost per rank: time(b) = FLOOR + SLOPE*(b-SAT)+
-//            seconds
-//                               divided by the capacity, and at most CAP samples (more is an out-of-memory
-//                               error)
-//            | tick=S           static/trace: the replay clock advances S seconds per iteration instead of
-//            with
-//                               the wall clock, so every balancer meets the same capacity sequence
-//            | seed=N           seed for trace assignment, offsets and noise (default: the training seed)
-//            | pin=C0,C1,...    stress: pin rank r to CPU C(r mod n) (its co-tenant runs there too), so that
-//                               only the ranks sharing a co-tenant's CPU slow down; capacity() then models
-//                               their share of that CPU (see stress_share) so that the oracle has a truth
+// The grammar is in runtime/straggle/spec.hpp; each kind lives in runtime/straggle/ behind the Emulation
+// interface (straggle/emulation.hpp). Straggler is the one object the trainer holds: it picks the kind, adds
+// the GPU cost model (gpu=), the replay clock (tick=) and the noise on replayed metrics (noise=).
 #pragma once
-#include <sys/types.h>
-
 #include <cstdint>
-#include <limits>
+#include <memory>
 #include <string>
-#include <vector>
 
 #include "balancer/balancer.hpp"
 #include "runtime/monitor.hpp"
+#include "runtime/straggle/emulation.hpp"
+#include "runtime/straggle/gpu_cost.hpp"
+#include "runtime/straggle/spec.hpp"
+#include "runtime/straggle/trace_replay.hpp"
 
 namespace lbbsp::runtime {
 
-struct CapacitySeries {
-  std::string source;
-  std::vector<double> capacity;   // one value per trace step, in [0.05, 1]
-  std::vector<double> mem_avail;  // per step, empty when the trace has no memory column
-  std::vector<double> time_s;     // per step, seconds from origin_s (the trace's own clock)
-  double origin_s = 0;
-  double span_s() const { return time_s.empty() ? 0.0 : time_s.back(); }
-};
+using straggle::CapacitySeries;
 
 class Straggler {
  public:
@@ -53,23 +26,25 @@ class Straggler {
   Straggler(const Straggler&) = delete;
   Straggler& operator=(const Straggler&) = delete;
 
-  const std::string& spec() const { return spec_; }
-  bool active() const { return kind_ != Kind::kNone; }
-  bool replay() const { return kind_ == Kind::kStatic || kind_ == Kind::kTrace; }
-  bool gpu_profile() const { return !curves_.empty(); }
+  const std::string& spec() const { return config_.text; }
+  bool active() const { return config_.kind != straggle::Kind::kNone; }
+  bool replay() const { return emulation_->replay(); }
+  bool gpu_profile() const { return gpu_.enabled(); }
 
   // The time the replay functions below take as elapsed_s, for iteration `iteration` starting at wall_s
   // seconds of training: wall_s, or iteration * S with tick=S.
   double replay_clock(double wall_s, int64_t iteration) const {
-    return tick_s_ > 0 ? static_cast<double>(iteration) * tick_s_ : wall_s;
+    return config_.tick_s > 0 ? static_cast<double>(iteration) * config_.tick_s : wall_s;
   }
   // Emulated capacity factor of `rank` at `elapsed_s` seconds of training (1 for real interference).
-  double capacity(int rank, double elapsed_s) const;
+  double capacity(int rank, double elapsed_s) const { return emulation_->capacity(rank, elapsed_s); }
   // Most samples `rank` may hold (GPU profile), else no limit.
-  int64_t mem_cap(int rank) const;
+  int64_t mem_cap(int rank) const { return gpu_.mem_cap(rank); }
   // GPU-like cost curve of `rank` at `elapsed_s` (already divided by the capacity); zero curve without a
   // profile.
-  balancer::TimeCurve curve(int rank, double elapsed_s) const;
+  balancer::TimeCurve curve(int rank, double elapsed_s) const {
+    return gpu_.curve(rank, emulation_->replay_capacity(rank, elapsed_s));
+  }
   // The compute time to report for a slice that really took real_s: stretched by the capacity (or raised to
   // the GPU curve). Throws when batch exceeds the GPU memory cap, as an out-of-memory would.
   double emulated_seconds(int rank, double elapsed_s, int64_t batch, double real_s) const;
@@ -81,53 +56,29 @@ class Straggler {
 
   // Real interference: pins the rank (with pin=) and starts its stress-ng co-tenant (if any) on the CPUs this
   // rank runs on.
-  void start_cotenant(int rank);
-  void stop_cotenant();
+  void start_cotenant(int rank) { emulation_->start(rank); }
+  void stop_cotenant() { emulation_->stop(); }
 
   // stress with pin=: the CPU share a rank keeps while the co-tenants on its CPU run, relative to a rank on a
   // CPU without one: k / (k + sum of the co-tenants' loads / 100) for k ranks pinned to that CPU (CFS shares
   // a CPU equally among runnable tasks; a co-tenant at L% is runnable L% of the time). 1 without pin= or
   // co-tenant. An a-priori model, not a measurement.
-  double stress_share(int rank) const;
+  double stress_share(int rank) const { return emulation_->stress_share(rank); }
   // stress with period=: whether the co-tenants run at wall-clock time real_s (CLOCK_REALTIME seconds): on in
   // even periods, off in odd ones, the same schedule in every rank's process.
-  bool cotenant_on(double real_s) const;
+  bool cotenant_on(double real_s) const { return straggle::cotenant_on(config_.period_s, real_s); }
   // Trace: the series (file#machine) rank replays, and the time in that trace's own clock it replays at
   // elapsed_s (the sample shown is the latest one at or before it).
-  const std::string& source_of(int rank) const;
-  double trace_time(int rank, double elapsed_s) const;
+  const std::string& source_of(int rank) const { return emulation_->source_of(rank); }
+  double trace_time(int rank, double elapsed_s) const { return emulation_->trace_time(rank, elapsed_s); }
 
  private:
-  enum class Kind { kNone, kStatic, kTrace, kStress };
-  const CapacitySeries& series_of(int rank) const;
-  int64_t step_of(int rank, double elapsed_s) const;
+  double next_uniform();  // the seeded noise stream behind noise=
 
-  std::string spec_;
-  Kind kind_ = Kind::kNone;
-  int ranks_ = 1;
-  double scale_s_ = 1.0;
-  double noise_sd_ = 0.0;
-  double period_s_ = 0.0;
-  double tick_s_ = 0.0;  // replay clock per iteration (0: the wall clock)
-  uint64_t seed_ = 0;
-  std::vector<double> static_factors_;
-  std::vector<CapacitySeries> series_;  // trace: loaded series
-  std::vector<int> series_of_rank_;     // trace: which series each rank replays
-  std::vector<int64_t> offsets_;        // trace: start step per rank
-  std::vector<balancer::TimeCurve> curves_;
-  std::vector<int64_t> caps_;
-  std::vector<int> stress_load_;  // percent per rank, 0 = none
-  std::vector<int> pin_;          // stress: CPU per rank (cycled), empty = not pinned
-  double rate_ = 0;               // trace: trace seconds per training second (0: scale_s_ per step)
-  bool align_time_ = false;
-  double start_time_ = 0;              // trace with align=time: common start, in the traces' own clock
-  std::vector<double> start_of_rank_;  // trace with rate: trace time (from the series' origin) at elapsed 0
-  mutable double real_origin_ = -1;    // stress: CLOCK_REALTIME at the trainer's elapsed 0 (set lazily)
-  double real_at(double elapsed_s) const;
-  double replay_capacity(int rank, double elapsed_s) const;  // static/trace factor, 1 otherwise
-  pid_t cotenant_ = -1;
+  straggle::Config config_;
+  std::unique_ptr<straggle::Emulation> emulation_;
+  straggle::GpuCost gpu_;
   uint64_t noise_state_ = 0;
-  void* switcher_ = nullptr;  // std::thread* toggling the co-tenant on a period
 };
 
 }  // namespace lbbsp::runtime
