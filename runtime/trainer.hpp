@@ -1,13 +1,29 @@
 // The BSP training loop: per-rank slices of one seeded global batch, one allreduce per iteration, rank 0
-// re-sizing the slices through the BatchSizeManager. Hooks (telemetry, timeline, progress) observe it.
+// re-sizing the slices through the BatchSizeManager. Hooks (runtime/hooks.hpp: telemetry, timeline,
+// evaluation, checkpoints, progress, summary) observe it.
 #pragma once
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "balancer/sampling.hpp"
 #include "runtime/comm.hpp"
+#include "runtime/fault_injection.hpp"
+#include "runtime/hooks.hpp"
+#include "runtime/reduction_buffer.hpp"
 #include "runtime/run_options.hpp"
+#include "runtime/run_stats.hpp"
+
+namespace lbbsp::balancer {
+struct IterationReport;
+}
+namespace lbbsp::models {
+class Model;
+class Sgd;
+struct LrSchedule;
+}  // namespace lbbsp::models
 
 namespace lbbsp::runtime {
 
@@ -62,6 +78,98 @@ struct TrainConfig {
 // (runtime/stop_signal.hpp): then every rank stopped after the same iteration and the checkpoint, if any, is
 // written. (1 on ranks other than 0 after a set-up error, which rank 0 reports by aborting the job.)
 int run_training(const TrainConfig& cfg, Comm& comm);
+
+class BatchSizeManager;
+class ResourceMonitor;
+class StepEngine;
+class StopSignals;
+class Straggler;
+
+// One rank's training: set_up() (checks, data, model, balancer, logs, resume, step engine, hooks), then the
+// loop in run(), then finish() (the parameter check across ranks, the hooks' on_train_end).
+class Trainer {
+ public:
+  Trainer(const TrainConfig& cfg, Comm& comm);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+  int run();  // as run_training
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  // What one iteration carries from block to block (runtime/trainer.cpp).
+  struct Step {
+    int64_t it = 0, epoch = 0, pos = 0, n = 0;
+    Clock::time_point t_iter, t_compute;
+    double replay_now = 0;  // the straggler emulation's clock for this iteration
+    double real_s = 0, compute_s = 0, allreduce_s = 0, coord_s = 0, max_compute = 0;
+    std::vector<int64_t> next_batch;
+  };
+
+  // Set-up (runtime/trainer_setup.cpp); false on ranks other than 0 after a set-up error.
+  bool set_up();
+  void check_config() const;
+  void prepare_outputs() const;
+  void load_data_and_model();
+  bool make_balancer();
+  void make_run_log();
+  void print_banner() const;
+  void allocate();
+  bool resume();
+  bool load_checkpoint(TrainState* st, std::string* used, std::string* meta);
+  void restore_balancer(const TrainState& st, const std::string& used, bool same_split,
+                        const std::vector<double>& predicted);
+  void make_engine();
+  void make_hooks();
+  // Checkpoints (runtime/trainer.cpp): the state a checkpoint holds.
+  TrainState snapshot(int64_t next_iteration);
+
+  // The loop's blocks (runtime/trainer.cpp).
+  Step begin_iteration(int64_t it);
+  void slice(Step& s);
+  void forward_backward(Step& s, models::StepStats& stats);
+  void emulate(Step& s);
+  void fill_slots(Step& s, const models::StepStats& stats);
+  void allreduce(Step& s);
+  void decide(Step& s);
+  balancer::IterationReport report(const Step& s) const;
+  void sgd_step(Step& s);
+  IterationContext end_iteration(Step& s);
+  int finish(int64_t it);
+  double params_checksum();
+
+  const TrainConfig& cfg_;
+  Comm& comm_;
+  const int R_, me_;
+  const bool root_;
+  Fault fault_;
+  std::unique_ptr<Dataset> train_, test_;
+  int64_t n_train_ = 0, n_test_ = 0, X_ = 0, per_epoch_ = 0, total_ = 0, start_it_ = 0;
+  int64_t my_cap_ = 0;
+  std::unique_ptr<models::Model> model_;
+  std::vector<float> params_;
+  std::unique_ptr<models::Sgd> sgd_;
+  std::unique_ptr<models::LrSchedule> schedule_;
+  std::unique_ptr<Straggler> straggler_;
+  std::vector<int64_t> caps_;                  // most samples each rank may take
+  std::unique_ptr<BatchSizeManager> manager_;  // rank 0
+  std::vector<int64_t> batch_;                 // this iteration's batch vector
+  std::unique_ptr<RunLog> run_log_;            // rank 0 with --log-dir or --timeline
+  std::unique_ptr<ReductionBuffer> buf_;
+  std::vector<float> x_;
+  std::vector<uint8_t> y_;
+  std::vector<int64_t> perm_, rows_;
+  std::unique_ptr<ResourceMonitor> monitor_;
+  std::unique_ptr<Watchdog> watchdog_;
+  RunStats stats_;
+  bool tty_ = false;
+  CheckpointIdentity ckpt_id_;
+  std::unique_ptr<StepEngine> engine_;
+  std::unique_ptr<StopSignals> stop_signals_;
+  int stop_sig_ = 0;  // the first stop signal any rank received: the same on every rank
+  Clock::time_point t0_;
+  Hooks hooks_;
+};
 
 // The epoch permutation lives in the core library (balancer/sampling.hpp), shared with the Python package.
 using balancer::epoch_permutation;

@@ -19,7 +19,7 @@ expect_prompt_fail 30 "rank 1.*(signal 6|Abort)" mpirun_n 2 "$LBBSP" "${TRAIN[@]
 expect_prompt_fail 40 "rank [0-9]: error: no progress for" \
   mpirun_n 3 "$LBBSP" "${TRAIN[@]}" --inject-fault 2:5:hang --iteration-timeout 4
 # Bad configuration: one message from rank 0, non-zero exit.
-expect_prompt_fail 30 "inject-fault '9:1:throw': rank 9 is not in 0..1" \
+expect_prompt_fail 30 "inject-fault: rank 9 is not in 0..1 \(in '9:1:throw'" \
   mpirun_n 2 "$LBBSP" "${TRAIN[@]}" --inject-fault 9:1:throw
 out=$(mpirun_n 2 "$LBBSP" "${TRAIN[@]}" --balancer nosuch 2>&1 || true)
 [[ $(grep -c "error:" <<<"$out") -eq 1 ]] || fail "a bad --balancer should be reported once, got: $out"

@@ -1,0 +1,339 @@
+// Trainer::set_up: everything before the first iteration, in the order its side effects happen (checks,
+// output folders, data and model, balancer, logs, banner, resume, step engine, hooks).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "models/model.hpp"
+#ifdef LBBSP_WITH_CUDA
+#include "models/cuda/cuda_models.hpp"
+#endif
+#include "models/optimizer.hpp"
+#include "runtime/batch_manager.hpp"
+#include "runtime/dataset.hpp"
+#include "runtime/monitor.hpp"
+#include "runtime/step_engine.hpp"
+#include "runtime/stop_signal.hpp"
+#include "runtime/straggler.hpp"
+#include "runtime/telemetry.hpp"
+#include "runtime/topology.hpp"
+#include "runtime/trainer.hpp"
+#include "runtime/watchdog.hpp"
+
+namespace lbbsp::runtime {
+
+namespace {
+// mpirun hands ranks a pseudo-terminal even when its own output goes to a file: only a direct run gets the
+// live bar.
+bool stdout_is_tty() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_STEP_ID"})
+    if (std::getenv(v)) return false;
+  return isatty(STDOUT_FILENO) == 1;
+}
+}  // namespace
+
+bool Trainer::set_up() {
+  fault_ = parse_fault(cfg_.inject_fault, R_);
+  check_config();
+  prepare_outputs();
+  if (cfg_.bind == Binding::kCore) bind_to_cores(comm_.local_rank() * cfg_.threads, cfg_.threads);
+  models::set_num_threads(cfg_.threads);
+  load_data_and_model();
+  if (!make_balancer()) return false;
+  make_run_log();
+  print_banner();
+  allocate();
+  if (cfg_.resume && !resume()) return false;
+  make_engine();
+  make_hooks();
+  return true;
+}
+
+void Trainer::check_config() const {
+  const TrainConfig& cfg = cfg_;
+  if (cfg.global_batch < 1) throw std::invalid_argument("--global-batch must be >= 1");
+  check_float_exact(cfg.global_batch, "--global-batch");  // counts and lag-1 batch sizes ride in float slots
+  if (cfg.epochs < 1) throw std::invalid_argument("--epochs must be >= 1");
+  if (cfg.threads < 1) throw std::invalid_argument("--threads must be >= 1");
+  if (cfg.lag != 0 && cfg.lag != 1) throw std::invalid_argument("--lag must be 0 or 1");
+  if (!(cfg.lr > 0) || !std::isfinite(cfg.lr)) throw std::invalid_argument("--lr must be a positive number");
+  if (cfg.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 1");
+  if (cfg.checkpoint_keep < 1) throw std::invalid_argument("--checkpoint-keep must be >= 1");
+  parse_timeline_window(cfg.timeline_iterations);  // throws on a bad window
+  if (!cfg.timeline_iterations.empty() && cfg.timeline.empty())
+    throw std::invalid_argument("--timeline-iterations needs --timeline FILE");
+  if ((cfg.resume || cfg.checkpoint_every > 0) && cfg.checkpoint_dir.empty())
+    throw std::invalid_argument(std::string(cfg.resume ? "--resume" : "--checkpoint-every") +
+                                " needs --checkpoint-dir DIR");
+}
+
+// Output paths are checked before training, not discovered unwritable at the end of a long run. The log
+// folder is made first, so that outputs inside it (--summary-json DIR/summary.json) are fine.
+void Trainer::prepare_outputs() const {
+  const TrainConfig& cfg = cfg_;
+  if (root_ && !cfg.checkpoint_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.checkpoint_dir, ec);
+    if (!std::filesystem::is_directory(cfg.checkpoint_dir))
+      throw std::invalid_argument("--checkpoint-dir: cannot create folder '" + cfg.checkpoint_dir + "'" +
+                                  (ec ? ": " + ec.message() : ""));
+  }
+  if (!cfg.log_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.log_dir, ec);
+    if (ec) throw std::invalid_argument("--log-dir: cannot create '" + cfg.log_dir + "': " + ec.message());
+    if (root_ && !cfg.config_toml.empty()) {
+      const auto path = std::filesystem::path(cfg.log_dir) / "config.toml";
+      std::ofstream out(path);
+      out << cfg.config_toml;
+      if (!out.flush()) throw std::invalid_argument("--log-dir: cannot write '" + path.string() + "'");
+    }
+  }
+  for (auto [flag, path] : {std::pair{"--summary-json", cfg.summary_json},
+                            {"--save-params", cfg.save_params},
+                            {"--timeline", cfg.timeline}}) {
+    if (path.empty()) continue;
+    auto parent = std::filesystem::absolute(path).parent_path();
+    if (!std::filesystem::is_directory(parent)) {
+      throw std::invalid_argument(std::string(flag) + ": cannot write '" + path + "': folder '" +
+                                  parent.string() + "' does not exist");
+    }
+  }
+}
+
+// Every rank holds the whole dataset: slices change every iteration.
+void Trainer::load_data_and_model() {
+  train_ = std::make_unique<Dataset>(cfg_.data, "train", cfg_.data_memory_mb << 20);
+  test_ = std::make_unique<Dataset>(cfg_.data, "test", cfg_.data_memory_mb << 20);
+  n_train_ = cfg_.train_subset > 0 ? std::min(cfg_.train_subset, train_->size()) : train_->size();
+  n_test_ = cfg_.test_subset > 0 ? std::min(cfg_.test_subset, test_->size()) : test_->size();
+  if (cfg_.global_batch > n_train_) {
+    throw std::invalid_argument("--global-batch " + std::to_string(cfg_.global_batch) + " exceeds the " +
+                                std::to_string(n_train_) + " training samples of '" + cfg_.data + "'");
+  }
+  models::ModelConfig mc;
+  mc.kind = cfg_.model;
+  mc.input = train_->shape();
+  mc.classes = train_->classes();
+  mc.hidden = cfg_.hidden;
+  mc.device = cfg_.device;
+  // Most samples this rank may take: the emulated cap, and on a GPU what fits in 80% of its free memory.
+  my_cap_ = std::numeric_limits<int64_t>::max();
+  if (cfg_.device == Device::kCuda) {
+#ifdef LBBSP_WITH_CUDA
+    models::select_cuda_device(comm_.local_rank());
+    my_cap_ = static_cast<int64_t>(models::cuda_free_bytes() * 0.8 / models::per_sample_bytes(mc));
+#else
+    throw std::invalid_argument(
+        "--device cuda: lbbsp was built without CUDA (configure with -DLBBSP_WITH_CUDA=ON "
+        "on a machine with nvcc)");
+#endif
+  }
+  model_ = models::make_model(mc);
+  params_.resize(model_->num_params());
+  model_->init_params(params_.data(), cfg_.seed);
+  sgd_ = std::make_unique<models::Sgd>(params_.size(), cfg_.momentum, cfg_.weight_decay);
+
+  X_ = cfg_.global_batch;
+  per_epoch_ = n_train_ / X_;  // the last partial batch of an epoch is dropped
+  total_ = per_epoch_ * cfg_.epochs;
+  if (cfg_.max_iterations > 0) total_ = std::min(total_, cfg_.max_iterations);
+  schedule_ = std::make_unique<models::LrSchedule>(
+      models::parse_lr_schedule(cfg_.lr_schedule, cfg_.lr, cfg_.warmup_iterations, total_));
+  // What a checkpoint must match to be resumed.
+  ckpt_id_ = {cfg_.model,
+              static_cast<int64_t>(params_.size()),
+              X_,
+              n_train_,
+              {mc.input.channels, mc.input.height, mc.input.width},
+              mc.classes,
+              cfg_.seed};
+}
+
+// Rank 0's balancer behind the BatchSizeManager, and the first batch vector on every rank.
+bool Trainer::make_balancer() {
+  straggler_ = std::make_unique<Straggler>(cfg_.straggle, R_, cfg_.seed);
+  caps_ = comm_.allgather(std::min(my_cap_, straggler_->mem_cap(me_)));
+  balancer::BalancerConfig bc;
+  bc.name = cfg_.balancer;
+  bc.predictor = cfg_.predictor;
+  bc.workers = R_;
+  bc.global_batch = X_;
+  bc.min_batch = cfg_.min_batch;
+  bc.num_exo = 3;       // cpu_avail, mem_avail, load
+  bc.capacity_exo = 0;  // cpu_avail: the share of this rank's CPUs left by co-tenants
+  if (*std::min_element(caps_.begin(), caps_.end()) < std::numeric_limits<int64_t>::max()) bc.mem_cap = caps_;
+  bc.seed = cfg_.seed;
+  batch_.assign(R_, 0);
+  std::string setup_error;
+  if (root_) {
+    try {
+      manager_ = std::make_unique<BatchSizeManager>(bc, cfg_.lag);
+      batch_ = manager_->initial();
+    } catch (const std::exception& e) {
+      setup_error = e.what();
+    }
+  }
+  comm_.bcast(&setup_error);
+  if (!setup_error.empty()) {
+    if (root_) throw std::invalid_argument(setup_error);
+    comm_.barrier();  // rank 0 aborts the job with the message
+    return false;
+  }
+  comm_.bcast(batch_.data(), R_);
+  return true;
+}
+
+void Trainer::make_run_log() {
+  if (!root_ || (cfg_.log_dir.empty() && cfg_.timeline.empty())) return;
+  RunLogConfig lc;
+  lc.log_dir = cfg_.log_dir;
+  lc.csv = cfg_.csv;
+  lc.attrs = {{"model", cfg_.model},         {"balancer", cfg_.balancer},
+              {"predictor", cfg_.predictor}, {"straggle", cfg_.straggle},
+              {"ranks", std::to_string(R_)}, {"global_batch", std::to_string(X_)}};
+  lc.timeline = cfg_.timeline;
+  lc.timeline_window = parse_timeline_window(cfg_.timeline_iterations);
+  lc.ranks = R_;
+  run_log_ = std::make_unique<RunLog>(lc);
+}
+
+void Trainer::print_banner() const {
+  if (!root_ || cfg_.quiet) return;
+  std::printf(
+      "lbbsp: %s on %s (%lld train / %lld test samples, %zu parameters), %d rank(s) x %d thread(s), "
+      "global batch %lld, balancer %s%s, straggle %s\n",
+      model_->name().c_str(), cfg_.data.c_str(), static_cast<long long>(n_train_),
+      static_cast<long long>(n_test_), params_.size(), R_, cfg_.threads, static_cast<long long>(X_),
+      cfg_.balancer.c_str(), cfg_.balancer == "lbbsp-cpu" ? ("/" + cfg_.predictor).c_str() : "",
+      cfg_.straggle.c_str());
+  std::fflush(stdout);
+}
+
+void Trainer::allocate() {
+  buf_ = std::make_unique<ReductionBuffer>(params_.size(), R_);
+  stats_.predicted.assign(R_, 0.0);
+  straggler_->start_cotenant(me_);
+  monitor_ = std::make_unique<ResourceMonitor>();  // after start_cotenant: it measures the CPUs this rank is
+                                                   // pinned to
+  watchdog_ = std::make_unique<Watchdog>(me_, cfg_.iteration_timeout_s);
+  tty_ = root_ && stdout_is_tty() && !cfg_.quiet;
+}
+
+// Rank 0 reads and verifies; everybody gets the parameters, velocity, position and statistics.
+bool Trainer::resume() {
+  TrainState st;
+  std::string used, meta;
+  if (!load_checkpoint(&st, &used, &meta)) return false;
+  const size_t P = params_.size();
+  if (!root_) st.params.resize(P), st.velocity.resize(P);
+  comm_.bcast(st.params.data(), P);
+  comm_.bcast(st.velocity.data(), P);
+  comm_.bcast(&meta);
+  params_ = st.params;
+  sgd_->velocity() = st.velocity;
+  const auto m = nlohmann::json::parse(meta);
+  start_it_ = m.at("iteration").get<int64_t>();
+  stats_ = RunStats::from_json(m.at("stats"));
+  const std::vector<double> predicted = std::move(stats_.predicted);
+  stats_.predicted.assign(R_, 0.0);  // kept only with the balancer state (restore_balancer)
+  if (root_) restore_balancer(st, used, m.at("ranks").get<int>() == R_, predicted);
+  comm_.bcast(batch_.data(), R_);
+  return true;
+}
+
+bool Trainer::load_checkpoint(TrainState* st, std::string* used, std::string* meta) {
+  std::string error;
+  if (root_) {
+    try {
+      std::vector<std::string> skipped;
+      *st = load_newest_checkpoint(cfg_.checkpoint_dir, ckpt_id_, used, &skipped);
+      for (const auto& sk : skipped)
+        std::fprintf(stderr, "lbbsp: warning: skipping %s; using the older '%s'\n", sk.c_str(),
+                     used->c_str());
+      *meta = nlohmann::json{{"iteration", st->iteration}, {"ranks", st->ranks}, {"stats", st->stats}}.dump();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  comm_.bcast(&error);
+  if (error.empty()) return true;
+  if (root_) throw std::invalid_argument(error);
+  comm_.barrier();  // rank 0 aborts the job with the message
+  return false;
+}
+
+// The balancer continues where it was when the rank count, balancer and lag are the same; otherwise it
+// starts afresh from its initial batch vector (the parameters and data position still continue).
+void Trainer::restore_balancer(const TrainState& st, const std::string& used, bool same_split,
+                               const std::vector<double>& predicted) {
+  std::string note;
+  if (same_split && st.balancer == cfg_.balancer && st.lag == cfg_.lag) {
+    try {
+      manager_->balancer().load_state(st.balancer_state);
+      batch_ = st.batch;
+      manager_->check(batch_);
+      if (!st.pending.empty()) manager_->restore_pending(st.pending);
+      if (static_cast<int>(predicted.size()) == R_) stats_.predicted = predicted;
+    } catch (const std::exception& e) {
+      throw std::invalid_argument("--resume: checkpoint '" + used + "': balancer state: " + e.what());
+    }
+  } else {
+    note = " (balancer restarted: the checkpoint was written by " + std::to_string(st.ranks) +
+           " rank(s), balancer " + st.balancer + ", lag " + std::to_string(st.lag) + ")";
+  }
+  if (!cfg_.quiet)
+    std::printf("resumed from %s at iteration %lld%s\n", used.c_str(), static_cast<long long>(start_it_),
+                note.c_str());
+  std::fflush(stdout);
+}
+
+void Trainer::make_engine() {
+  StepEngineConfig ec;
+  ec.device = cfg_.device;
+  ec.gpu_params = cfg_.gpu_params;
+  ec.gpu_allreduce = cfg_.gpu_allreduce;
+  ec.host_allreduce = cfg_.allreduce;
+  ec.momentum = cfg_.momentum;
+  ec.weight_decay = cfg_.weight_decay;
+#ifdef LBBSP_WITH_CUDA
+  if (cfg_.device == Device::kCuda) ec.resident = models::device_resident(*model_);
+#endif
+  ec.mpi_cuda_aware = comm_.cuda_aware();
+  ec.mpi_cuda_support = comm_.cuda_support();
+  engine_ = std::make_unique<StepEngine>(ec, *model_, params_, *sgd_, buf_->extra(), comm_);
+  if (root_ && !cfg_.quiet && cfg_.device == Device::kCuda) {
+    std::printf("gpu: parameters and gradient reduction %s\n", engine_->mode().c_str());
+    std::fflush(stdout);
+  }
+}
+
+// The hooks in the order of their side effects at the end of an iteration: telemetry rows and timeline,
+// evaluation (and its line), checkpoint, progress line, stop message; at the end the logs' flush, then the
+// summary.
+void Trainer::make_hooks() {
+  auto add = [this](std::unique_ptr<TrainHook> h) {
+    if (h) hooks_.push_back(std::move(h));
+  };
+  add(make_fault_hook(fault_, me_, *watchdog_));
+  if (run_log_) add(make_telemetry_hook(*run_log_, R_));
+  add(make_evaluation_hook({&cfg_, engine_.get(), test_.get(), n_test_, &comm_, watchdog_.get(), &stats_,
+                            per_epoch_, total_, tty_}));
+  if (!cfg_.checkpoint_dir.empty())
+    add(make_checkpoint_hook(cfg_, *watchdog_, root_, ckpt_id_,
+                             [this](int64_t next) { return snapshot(next); }));
+  if (!root_) return;
+  if (!cfg_.quiet) add(make_progress_hook(cfg_, R_, total_, tty_));
+  add(make_stop_message_hook(cfg_, total_));
+  add(make_summary_hook({&cfg_, model_.get(), &params_, R_, per_epoch_, engine_->mode(), run_log_.get()}));
+}
+
+}  // namespace lbbsp::runtime
