@@ -31,8 +31,8 @@ class Watchdog;
 struct TrainConfig;
 
 struct TrainContext {
-  std::chrono::steady_clock::time_point
-      t0;  // the training clock's zero (a resumed run's earlier time before it)
+  // The training clock's zero (a resumed run's earlier training time lies before it).
+  std::chrono::steady_clock::time_point t0;
   int64_t start_iteration = 0;
 };
 
