@@ -3,9 +3,11 @@
 # so that a noisy machine slows both alike; prints every run and the ratio of the medians (docs/results/telemetry.md).
 # Logistic regression, 4 ranks, lbbsp-cpu/ema, global batch 64, no evaluation until the end.
 #   bench/telemetry_overhead.sh [--iterations 120000] [--pairs 3] [--ranks 4] [--data data/fmnist.h5]
+#                               [--lbbsp build/lbbsp] [--mpirun mpirun] [--out DIR]
+# The medians need a python3; without one the pairs are printed all the same.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-iterations=120000 pairs=3 ranks=4 data=data/fmnist.h5 lbbsp=build/lbbsp out=results/telemetry-overhead
+iterations=120000 pairs=3 ranks=4 data=data/fmnist.h5 lbbsp=build/lbbsp out=results/telemetry-overhead mpirun=mpirun
 while [[ $# -gt 0 ]]; do
   case $1 in
     --iterations) iterations=$2 ;;
@@ -14,6 +16,7 @@ while [[ $# -gt 0 ]]; do
     --data) data=$2 ;;
     --lbbsp) lbbsp=$2 ;;
     --out) out=$2 ;;
+    --mpirun) mpirun=$2 ;;
     *) echo "telemetry_overhead.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift 2
@@ -25,11 +28,11 @@ run() {  # run NAME EXTRA_FLAGS...: prints the command's wall seconds
   local name=$1 t0 t1; shift
   rm -rf "${out:?}/$name"; mkdir -p "$out/$name"
   t0=$(date +%s.%N)
-  mpirun -n "$ranks" --oversubscribe --bind-to none "$lbbsp" train --data "$data" --model logreg --epochs 100000 \
+  "$mpirun" -n "$ranks" --oversubscribe --bind-to none "$lbbsp" train --data "$data" --model logreg --epochs 100000 \
     --max-iterations "$iterations" --global-batch 64 --balancer lbbsp-cpu --predictor ema --eval-every 1000000 \
     --quiet --summary-json "$out/$name/summary.json" "$@"
   t1=$(date +%s.%N)
-  echo "$t1 - $t0" | bc
+  awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f\n", b - a}'
 }
 plain=() logged=()
 for p in $(seq "$pairs"); do
@@ -37,7 +40,9 @@ for p in $(seq "$pairs"); do
   logged+=("$(run "logged-$p" --log-dir "$out/logged-$p" --timeline "$out/logged-$p/timeline.json")")
   echo "pair $p: without logs ${plain[-1]} s, with --log-dir and --timeline ${logged[-1]} s"
 done
-/usr/bin/python3 - "$out" "$pairs" "${plain[@]}" "${logged[@]}" <<'PY'
+py=$(command -v /usr/bin/python3 python3 | head -n 1)
+[[ -n $py ]] || { echo "no python3: medians not computed"; exit 0; }
+"$py" - "$out" "$pairs" "${plain[@]}" "${logged[@]}" <<'PY'
 import json, os, statistics, sys
 out, n = sys.argv[1], int(sys.argv[2])
 plain, logged = [float(x) for x in sys.argv[3:3 + n]], [float(x) for x in sys.argv[3 + n:]]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything we measure on a lent 16-core GPU machine (one H200, no network, none of our packages), in one go and
-# under 8 minutes, into the folder $OUT names (docs/device_check.md: how to carry it there and read the results):
+# under 9 minutes, into the folder $OUT names (docs/device_check.md: how to carry it there and read the results):
 #   1. gpu        the GPU tests and the time-vs-batch table: scripts/gpu_check.sh --bundle (status "no GPU" when
 #                 nvidia-smi sees none)
 #   2. scaling    strong and weak scaling of `lbbsp train`, MLP and CNN, 1 2 4 8 16 ranks, one core per rank
@@ -9,6 +9,9 @@
 #                 PERIOD s: BSP vs lbbsp-cpu/narx vs oracle (+ BSP without co-tenants), each run's telemetry
 #                 (--log-dir) scored by `lbbsp predict-eval` (NARX vs ARIMA, EMA, last)
 #   4. torch      scripts/torch_bench* when it exists (status "not present" otherwise)
+#   5. kernels    test_models_kernels and bench_models' train steps (MLP, CNN) at 1 2 4 8 16 threads, one core each:
+#                 the AVX-512 build (bundle bin/x86-64-v4/) when the CPU has AVX-512, else the bundle's portable one
+#   6. telemetry  bench/telemetry_overhead.sh: 4 ranks x 120,000 iterations with and without --log-dir/--timeline
 # Every step runs under `timeout` within one overall budget and the script goes on past a failed step; each step's
 # status is a line of $OUT/status.tsv (step, status, seconds, note), the log is $OUT/summary.txt. With a python3
 # (h5py/matplotlib optional) it also writes $OUT/tables.md (scripts/device_tables.py; rerun it here otherwise).
@@ -16,7 +19,8 @@
 #   scripts/device_check.sh --bundle DIR[.tar.xz]   on the GPU machine (bundle from scripts/gpu_bundle.sh)
 #   scripts/device_check.sh --dry-run               every step at toy size here (2 cores, oversubscribed)
 # Options: --lbbsp PATH (without --bundle; default build/lbbsp), --ranks "1 2 4 8 16" (scaling), --budget S (overall
-# seconds, default 420; dry run 300), --steps gpu,scaling,interference,torch (a subset, same order).
+# seconds, default 540; dry run 300), --steps gpu,scaling,interference,torch,kernels,telemetry (a subset, same
+# order).
 # Environment: OUT (default results/device_check-DATE), DEVICE_CHECK_FMNIST=FILE.h5 (scaling and interference on
 # that dataset instead of synthetic data). Exit status 0 only when no step failed ("no GPU"/"not present" are not
 # failures).
@@ -25,7 +29,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 2
 die() { echo "device_check: error: $*" >&2; exit 2; }
 
-bundle="" dry=0 lbbsp=$root/build/lbbsp ranks="" budget="" steps=gpu,scaling,interference,torch
+bundle="" dry=0 lbbsp=$root/build/lbbsp ranks="" budget="" steps=gpu,scaling,interference,torch,kernels,telemetry
 while (($#)); do
   case $1 in
     --bundle) bundle=${2:?--bundle needs the folder or .tar.xz made by scripts/gpu_bundle.sh}; shift ;;
@@ -40,9 +44,12 @@ while (($#)); do
   shift
 done
 for s in ${steps//,/ }; do
-  case $s in gpu | scaling | interference | torch) ;; *) die "--steps: unknown step '$s' (gpu,scaling,interference,torch)" ;; esac
+  case $s in
+    gpu | scaling | interference | torch | kernels | telemetry) ;;
+    *) die "--steps: unknown step '$s' (gpu,scaling,interference,torch,kernels,telemetry)" ;;
+  esac
 done
-budget=${budget:-$((dry ? 300 : 420))}
+budget=${budget:-$((dry ? 300 : 540))}
 [[ $budget =~ ^[1-9][0-9]*$ ]] || die "--budget '$budget': expected positive seconds"
 out=${OUT:-$root/results/device_check-$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out" || die "cannot create the output folder '$out'"
@@ -128,9 +135,11 @@ log "machine: $(tr '\n' ';' <"$out/machine.txt")"
 if ((dry)); then
   ranks=${ranks:-"1 2"} samples=2048 scal_iters=6 cnn_iters=3 gb_mlp=256 pb_mlp=64 gb_cnn=32 pb_cnn=16
   irank=2 ipin=0,1 itenants=1 iperiod=0.5 igb=512 iiters=40 iextra=""
+  kthreads="1 2" kmin=0.05 titers=300 tpairs=1
 else
   ranks=${ranks:-"1 2 4 8 16"} samples=16384 scal_iters=30 cnn_iters=15 gb_mlp=1024 pb_mlp=128 gb_cnn=256 pb_cnn=32
   irank=8 ipin=0,1,2,3,4,5,6,7 itenants=5,6,7 iperiod=2 igb=4096 iiters=600 iextra=1
+  kthreads="1 2 4 8 16" kmin=0.5 titers=120000 tpairs=2
 fi
 
 # ---- 1. GPU tests and time vs batch ----
@@ -146,7 +155,7 @@ fi
 
 # ---- data: synthetic (Fashion-MNIST-shaped) made here, or DEVICE_CHECK_FMNIST ----
 data=${DEVICE_CHECK_FMNIST:-}
-if [[ -z $data ]] && { wanted scaling || wanted interference; }; then
+if [[ -z $data ]] && { wanted scaling || wanted interference || wanted telemetry; }; then
   # Full size (50 MB) outside $OUT, so that it does not travel back with the results.
   ddir=$out/data
   ((dry)) || ddir=${TMPDIR:-/tmp}/lbbsp-device-check
@@ -233,6 +242,38 @@ if wanted torch; then
     torch_args=(--python "$torch_py" --lbbsp "$lbbsp" --out "$out/torch")
     ((dry)) && torch_args+=(--dry-run)
     run_step torch 120 "$torch_bench" "${torch_args[@]}"
+  fi
+fi
+
+# ---- 5. kernels: the model tests, then train-step throughput by thread count, one core per thread ----
+if wanted kernels; then
+  kbench=$root/build/bench/bench_models ktest=$root/build/tests/test_models_kernels
+  if [[ -n $bundle ]]; then
+    kbench=$bundle/bin/bench_models ktest=$bundle/bin/test_models_kernels
+    if grep -qw avx512f /proc/cpuinfo && [[ -x $bundle/bin/x86-64-v4/bench_models ]]; then
+      kbench=$bundle/bin/x86-64-v4/bench_models ktest=$bundle/bin/x86-64-v4/test_models_kernels
+    fi
+  fi
+  log "kernels: $kbench (the CPU $(grep -qw avx512f /proc/cpuinfo && echo has || echo lacks) AVX-512)"
+  mkdir -p "$out/kernels"
+  run_step kernels_tests 120 "$ktest" --gtest_brief=1
+  for t in $kthreads; do
+    ((t > cores)) && continue
+    run_step "kernels_threads_$t" 60 env OMP_NUM_THREADS="$t" OMP_PROC_BIND=close OMP_PLACES=cores "$kbench" \
+      --threads="$t" --benchmark_filter='^(peak/fma|train_step/(mlp|cnn)/batch:(64|256))' \
+      --benchmark_min_time="$kmin" --benchmark_out="$out/kernels/threads-$t.json" --benchmark_out_format=json
+  done
+fi
+
+# ---- 6. rank 0's logs: the long run with and without --log-dir and --timeline, alternating ----
+if wanted telemetry; then
+  if [[ -z $data ]]; then
+    status telemetry "skipped" 0 "no dataset (data_synth failed)"
+  else
+    tdir=$out/telemetry
+    ((dry)) || tdir=${TMPDIR:-/tmp}/lbbsp-device-check/telemetry  # ~220 MB of logs that need not travel back
+    run_step telemetry 240 bench/telemetry_overhead.sh --lbbsp "$lbbsp" --mpirun "$mpirun" --data "$data" \
+      --ranks 4 --iterations "$titers" --pairs "$tpairs" --out "$tdir"
   fi
 fi
 

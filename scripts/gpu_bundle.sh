@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
 # Packs a CUDA build of lbbsp made on this Debian machine into one folder for a GPU machine that cannot build it:
 # no network to install our Debian packages there (Open MPI, HDF5, hwloc, OpenBLAS), only a CUDA image.
-#   scripts/gpu_bundle.sh BUILD_DIR BUNDLE_DIR
-# BUNDLE_DIR/bin holds lbbsp, test_gpu_models and bench_gpu (and stress-ng, for the co-tenants of
+#   scripts/gpu_bundle.sh BUILD_DIR BUNDLE_DIR [V4_BUILD_DIR]
+# BUNDLE_DIR/bin holds lbbsp, test_gpu_models, bench_gpu, bench_models and test_models_kernels (and stress-ng, for the co-tenants of
 # scripts/device_check.sh, when it is installed here); BUNDLE_DIR/root mirrors, at their absolute paths, every
 # shared library they need (and Open MPI's launcher, plugins and help files), except glibc, libstdc++/libgcc and the
 # CUDA libraries, which the GPU machine's own image provides (same CUDA major version: check `nvcc --version` on both).
 # BUNDLE_DIR.tar.xz packs the folder. On the GPU machine, `scripts/gpu_check.sh --bundle BUNDLE_DIR[.tar.xz]` copies root/ onto / without overwriting anything
 # (a library already there with the same soname is ABI-compatible and wins), runs ldconfig and uses bin/.
 # Build with -DLBBSP_PORTABLE=ON so that no -march=native code from this CPU reaches the other one.
+# V4_BUILD_DIR (optional): a build configured with -DLBBSP_PORTABLE=ON -DCMAKE_CXX_FLAGS=-march=x86-64-v4 (the AVX-512
+# kernels; it need not run here), whose bench_models and test_models_kernels go to BUNDLE_DIR/bin/x86-64-v4/ for
+# device_check.sh's kernels step on a CPU with AVX-512:
+#   cmake -S . -B build-v4 -DCMAKE_BUILD_TYPE=Release -DLBBSP_PORTABLE=ON -DCMAKE_CXX_FLAGS=-march=x86-64-v4 \
+#     -DLBBSP_WITH_CUDA=OFF && cmake --build build-v4 --target bench_models test_models_kernels
 set -euo pipefail
 build=${1:?usage: gpu_bundle.sh BUILD_DIR BUNDLE_DIR}
 bundle=${2:?usage: gpu_bundle.sh BUILD_DIR BUNDLE_DIR}
-bins=("$build/lbbsp" "$build/tests/test_gpu_models" "$build/bench/bench_gpu")
+v4=${3:-}
+bins=("$build/lbbsp" "$build/tests/test_gpu_models" "$build/bench/bench_gpu" "$build/bench/bench_models"
+      "$build/tests/test_models_kernels")
 for b in "${bins[@]}"; do
-  [[ -x $b ]] || { echo "gpu_bundle: $b missing: build it with: cmake --build $build --target lbbsp test_gpu_models bench_gpu" >&2; exit 1; }
+  [[ -x $b ]] || { echo "gpu_bundle: $b missing: build it with: cmake --build $build --target lbbsp test_gpu_models bench_gpu bench_models test_models_kernels" >&2; exit 1; }
 done
 grep -q 'LBBSP_PORTABLE:BOOL=ON' "$build/CMakeCache.txt" ||
   echo "gpu_bundle: warning: $build was not configured with -DLBBSP_PORTABLE=ON (-march=native code may not run there)" >&2
@@ -22,6 +29,12 @@ grep -q 'LBBSP_PORTABLE:BOOL=ON' "$build/CMakeCache.txt" ||
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/root"
 cp "${bins[@]}" "$bundle/bin/"
+if [[ -n $v4 ]]; then
+  v4_bins=("$v4/bench/bench_models" "$v4/tests/test_models_kernels")
+  for b in "${v4_bins[@]}"; do [[ -x $b ]] || { echo "gpu_bundle: $b missing (see V4_BUILD_DIR above)" >&2; exit 1; }; done
+  mkdir -p "$bundle/bin/x86-64-v4" && cp "${v4_bins[@]}" "$bundle/bin/x86-64-v4/"
+  bins+=("${v4_bins[@]}")  # their libraries travel too
+fi
 tools=()  # optional programs that travel with their libraries
 command -v stress-ng >/dev/null && tools+=("$(command -v stress-ng)") && cp "${tools[@]}" "$bundle/bin/"
 ((${#tools[@]})) || echo "gpu_bundle: warning: no stress-ng here (apt-get install stress-ng): the bundle has none" >&2

@@ -19,7 +19,7 @@ awk -F'\t' 'NR == 1 && $0 != "step\tstatus\tseconds\tnote" {exit 1} NF != 4 {exi
 steps=$(awk -F'\t' 'NR > 1 {print $1}' "$out/status.tsv" | tr '\n' ' ')
 want="gpu data_synth scaling_mlp_bsp scaling_mlp_lbbsp-cpu scaling_cnn_bsp scaling_cnn_lbbsp-cpu \
 interference_pinned-bsp-p0.5-s1 interference_pinned-narx-p0.5-s1 interference_pinned-oracle-p0.5-s1 \
-interference_quiet-bsp-p0-s1 torch "
+interference_quiet-bsp-p0-s1 torch kernels_tests kernels_threads_1 kernels_threads_2 telemetry "
 [[ $steps == "$want" ]] || fail "steps in status.tsv: '$steps', expected '$want'"
 st() { awk -F'\t' -v s="$1" '$1 == s {print $2}' "$out/status.tsv"; }
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
@@ -64,6 +64,20 @@ for run in pinned-bsp-p0.5-s1:bsp pinned-narx-p0.5-s1:lbbsp-cpu pinned-oracle-p0
 done
 grep -q "stress:1=100;pin=0,1;period=0.5" "$out/interference/runs/pinned-bsp-p0.5-s1/command.txt" ||
   fail "pinned runs without the pinned co-tenant spec"
+
+# Kernels: one Google Benchmark JSON per thread count with the CNN's train step at batch 256 and the FMA peak.
+for t in 1 2; do
+  $PY - "$out/kernels/threads-$t.json" <<'PY' || fail "kernels/threads-$t.json malformed"
+import json, sys
+names = {b["name"] for b in json.load(open(sys.argv[1]))["benchmarks"]}
+assert any(n.startswith("train_step/cnn/batch:256") for n in names), names
+assert any(n.startswith("peak/fma") for n in names), names
+PY
+done
+# Telemetry: a pair of runs without and with the logs, and the medians.
+grep -q "^pair 1: without logs [0-9.]* s, with --log-dir and --timeline [0-9.]* s" "$out/telemetry.log" ||
+  fail "telemetry.log has no pair line: $(tail -n 3 "$out/telemetry.log")"
+grep -q "^median wall: without" "$out/telemetry.log" || fail "telemetry.log has no medians"
 
 # The tables: every section, a row per interference run, the pooled predictor row.
 for h in "## Machine and steps" "## Scaling" "## Interference" "## Predictors"; do
