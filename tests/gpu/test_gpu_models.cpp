@@ -116,7 +116,7 @@ Batch test_batch(const ModelConfig& cfg, int n, uint64_t seed) {
 
 ModelConfig on(const ModelConfig& cfg, const std::string& device) {
   ModelConfig c = cfg;
-  c.device = device == "cuda" ? lbbsp::models::Device::kCuda : lbbsp::models::Device::kCpu;
+  c.device = lbbsp::models::parse_device(device);
   return c;
 }
 
