@@ -43,6 +43,7 @@ void parse_step(const spec::Spec& spec, LrSchedule& s) {
   if (gamma.empty() || *end != '\0') spec.fail("GAMMA must be a number");
   if (s.step_every <= 0) spec.fail("EVERY must be positive");
   if (!(s.step_gamma > 0.0)) spec.fail("GAMMA must be positive");
+  if (!std::isfinite(s.step_gamma)) spec.fail("GAMMA must be finite");
 }
 
 }  // namespace

@@ -125,7 +125,8 @@ TEST(LrSchedule, KindIsAnEnumAndErrorsAreInTheSpecStyle) {
            {"step:0:0.1", "EVERY must be positive"},
            {"step", "missing ':EVERY:GAMMA'"},
            {"cosine:1", "'cosine' takes no arguments"},
-           {"step:10:0.5;x=1", "'step' takes no ;KEY=VALUE options, got 'x'"}}) {
+           {"step:10:0.5;x=1", "'step' takes no ;KEY=VALUE options, got 'x'"},
+           {"step:5:inf", "GAMMA must be finite"}}) {
     try {
       parse_lr_schedule(spec, 0.1, 0, 100);
       ADD_FAILURE() << "accepted '" << spec << "'";
