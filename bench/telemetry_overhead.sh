@@ -40,7 +40,8 @@ for p in $(seq "$pairs"); do
   logged+=("$(run "logged-$p" --log-dir "$out/logged-$p" --timeline "$out/logged-$p/timeline.json")")
   echo "pair $p: without logs ${plain[-1]} s, with --log-dir and --timeline ${logged[-1]} s"
 done
-py=$(command -v /usr/bin/python3 python3 | head -n 1)
+py=/usr/bin/python3
+[[ -x $py ]] || py=$(command -v python3 || true)
 [[ -n $py ]] || { echo "no python3: medians not computed"; exit 0; }
 "$py" - "$out" "$pairs" "${plain[@]}" "${logged[@]}" <<'PY'
 import json, os, statistics, sys

@@ -31,6 +31,14 @@ inline std::vector<std::string> split(std::string_view s, char sep) {
   }
 }
 
+// The whole text as a T (std::from_chars: no '+', no spaces, nothing after the number); false when it is not
+// one.
+template <class T>
+bool parse_number(std::string_view text, T& value) {
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  return !text.empty() && ec == std::errc() && ptr == text.data() + text.size();
+}
+
 struct KeyValue {
   std::string key, value;
 };
@@ -77,23 +85,20 @@ class Spec {
   // Strict numbers: the whole text must parse; `name` says which field it is.
   double number(const std::string& text, const std::string& name) const {
     double v = 0;
-    if (!parse_all(text, v) || !std::isfinite(v)) fail("'" + text + "' is not a number (in " + name + ")");
+    if (!parse_number(without_plus(text), v) || !std::isfinite(v))
+      fail("'" + text + "' is not a number (in " + name + ")");
     return v;
   }
   int64_t integer(const std::string& text, const std::string& name) const {
     int64_t v = 0;
-    if (!parse_all(text, v)) fail("'" + text + "' is not an integer (in " + name + ")");
+    if (!parse_number(without_plus(text), v)) fail("'" + text + "' is not an integer (in " + name + ")");
     return v;
   }
 
  private:
-  template <class T>
-  static bool parse_all(const std::string& text, T& value) {
-    const char* first = text.data();
-    const char* last = first + text.size();
-    if (first != last && *first == '+') ++first;  // strtod accepted "+1"; keep accepting it
-    auto [ptr, ec] = std::from_chars(first, last, value);
-    return first != last && ec == std::errc() && ptr == last;
+  static std::string_view without_plus(std::string_view text) {
+    if (!text.empty() && text[0] == '+') text.remove_prefix(1);  // "+1" reads as 1, as strtod reads it
+    return text;
   }
 
   std::string text_, what_, help_;

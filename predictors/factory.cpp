@@ -1,6 +1,5 @@
 // make_predictor: parses "last", "ema[:ALPHA]", "arima[:P,D,Q[,window=N]]", "narx[:key=value,...]", "oracle"
 // with the shared spec parser (common/spec.hpp).
-#include <charconv>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -41,13 +40,11 @@ std::string valid_specs() {
          narx.str() + "], oracle";
 }
 
-// Whole text as a number of type T (std::from_chars: no '+', no spaces); `key` names the field.
+// Whole text as a number of type T (spec::parse_number: no '+', no spaces); `key` names the field.
 template <class T>
 T parse_value(const spec::Spec& spec, const std::string& key, const std::string& text) {
   T value{};
-  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size())
-    spec.fail("'" + key + "' needs a number, got '" + text + "'");
+  if (!spec::parse_number(text, value)) spec.fail("'" + key + "' needs a number, got '" + text + "'");
   return value;
 }
 

@@ -1,11 +1,9 @@
 #include "runtime/fault_injection.hpp"
 
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
-#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -16,12 +14,6 @@
 namespace lbbsp::runtime {
 
 namespace {
-
-bool parse_int(const std::string& text, int64_t& v) {
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  return !text.empty() && ec == std::errc() && ptr == end;
-}
 
 FaultKind kind_of(const std::string& name) {
   if (name == "throw") return FaultKind::kThrow;
@@ -63,7 +55,7 @@ Fault parse_fault(const std::string& text, int ranks) {
   const std::vector<std::string> args = s.args_list(':');
   if (args.size() != 2 || !s.options().empty()) s.fail("expected RANK:ITERATION:KIND");
   int64_t rank = 0;
-  if (!parse_int(s.kind(), rank) || !parse_int(args[0], f.iteration))
+  if (!spec::parse_number(s.kind(), rank) || !spec::parse_number(args[0], f.iteration))
     s.fail("RANK and ITERATION must be integers");
   f.kind = kind_of(args[1]);
   if (f.kind == FaultKind::kNone) s.fail("KIND must be throw, abort, nan or hang");

@@ -21,6 +21,7 @@
 #include "models/cuda/cuda_models.hpp"
 #include "models/model.hpp"
 #include "models/optimizer.hpp"
+#include "runtime/run_options.hpp"
 
 namespace {
 
@@ -116,7 +117,7 @@ Batch test_batch(const ModelConfig& cfg, int n, uint64_t seed) {
 
 ModelConfig on(const ModelConfig& cfg, const std::string& device) {
   ModelConfig c = cfg;
-  c.device = lbbsp::models::parse_device(device);
+  c.device = lbbsp::runtime::parse_enum<lbbsp::models::Device>("device", device);  // throws on "tpu"
   return c;
 }
 
