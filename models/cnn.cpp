@@ -52,27 +52,15 @@ class Cnn final : public Model {
   StepStats forward_backward(const float* params, const float* x, const uint8_t* y, int n,
                              float* grad) override {
     check_labels(y, n, classes_);
-    // The slice runs as micro-batches of a fixed size, each summing its gradient into a partial of its own;
-    // the partials are then added in micro-batch order. So the result depends on n alone, not on the threads,
-    // and with at least as many micro-batches as threads each thread runs whole micro-batches on its own
-    // (no barrier inside the network; the kernels' loops run on that one thread). With fewer, the
-    // micro-batches run one after another with every thread inside each layer.
-    const int batches = (n + kMicroBatch - 1) / kMicroBatch, threads = omp_get_max_threads();
-    const size_t params_count = layout_.size();
-    float* partials = ensure_size(partials_, size_t(batches) * params_count);
-    std::vector<StepStats> stats(batches);
-    if (scratch_.size() < size_t(threads)) scratch_.resize(threads);
-#pragma omp parallel for schedule(dynamic, 1) if (threads > 1 && batches >= threads)
-    for (int b = 0; b < batches; ++b) {
-      const int s0 = b * kMicroBatch, count = std::min(kMicroBatch, n - s0);
-      float* partial = partials + size_t(b) * params_count;
-      std::fill(partial, partial + params_count, 0.0f);
-      stats[b] = micro_batch(params, x + size_t(s0) * in_.size(), y + s0, count, partial,
-                             scratch_[omp_get_thread_num()]);
-    }
-    add_partials(partials, batches, grad);
+    // Groups of at most kGroupSamples, one after another, bound the memory the per-micro-batch gradients
+    // take.
     StepStats total;
-    for (const StepStats& part : stats) total.loss_sum += part.loss_sum, total.correct += part.correct;
+    for (int s0 = 0; s0 < n; s0 += kGroupSamples) {
+      const int count = std::min(kGroupSamples, n - s0);
+      const StepStats part = group(params, x + size_t(s0) * in_.size(), y + s0, count, grad);
+      total.loss_sum += part.loss_sum;
+      total.correct += part.correct;
+    }
     return total;
   }
 
@@ -94,6 +82,7 @@ class Cnn final : public Model {
  private:
   // 16 samples: their feature maps stay in a core's cache, and a batch of 64 already splits over 4 threads.
   static constexpr int kMicroBatch = 16;
+  static constexpr int kGroupSamples = 64 * kMicroBatch;  // 64 gradients of the 28x28 CNN: 7 MiB
 
   // One thread's feature maps, their gradients and the convolutions' scratch, reused across calls.
   struct Scratch {
@@ -101,6 +90,31 @@ class Cnn final : public Model {
     std::vector<uint8_t> idx1, idx2;
     ConvWorkspace conv;
   };
+
+  // Up to kGroupSamples samples as micro-batches of a fixed size, each summing its gradient into a partial of
+  // its own; the partials are then added in micro-batch order. So the result depends on n alone, not on the
+  // threads, and with at least as many micro-batches as threads each thread runs whole micro-batches on its
+  // own (no barrier inside the network; the kernels' loops run on that one thread). With fewer, the
+  // micro-batches run one after another with every thread inside each layer.
+  StepStats group(const float* params, const float* x, const uint8_t* y, int n, float* grad) {
+    const int batches = (n + kMicroBatch - 1) / kMicroBatch, threads = omp_get_max_threads();
+    const size_t params_count = layout_.size();
+    float* partials = ensure_size(partials_, size_t(batches) * params_count);
+    std::vector<StepStats> stats(batches);
+    if (scratch_.size() < size_t(threads)) scratch_.resize(threads);
+#pragma omp parallel for schedule(dynamic, 1) if (threads > 1 && batches >= threads)
+    for (int b = 0; b < batches; ++b) {
+      const int s0 = b * kMicroBatch, count = std::min(kMicroBatch, n - s0);
+      float* partial = partials + size_t(b) * params_count;
+      std::fill(partial, partial + params_count, 0.0f);
+      stats[b] = micro_batch(params, x + size_t(s0) * in_.size(), y + s0, count, partial,
+                             scratch_[omp_get_thread_num()]);
+    }
+    add_partials(partials, batches, grad);
+    StepStats total;
+    for (const StepStats& part : stats) total.loss_sum += part.loss_sum, total.correct += part.correct;
+    return total;
+  }
 
   // grad[i] += partial_0[i] + partial_1[i] + ... in micro-batch order.
   void add_partials(const float* partials, int batches, float* grad) const {

@@ -237,6 +237,25 @@ TEST(ModelStep, CnnGradientDoesNotDependOnTheThreadCount) {
   set_num_threads(1);
 }
 
+// A slice above the CNN's group size (1,024 samples) runs as several groups of micro-batches, one after
+// another: still the same bits for any thread count.
+TEST(ModelStep, CnnLargeSliceDoesNotDependOnTheThreadCount) {
+  Fixture f(config("cnn"), 1100);
+  set_num_threads(1);
+  auto [g1, s1] = f.grad(0, 1100);
+  set_num_threads(2);
+  auto [g2, s2] = f.grad(0, 1100);
+  set_num_threads(1);
+#ifdef LBBSP_SIMD_LANES
+  EXPECT_EQ(g2, g1);
+  EXPECT_EQ(s2.loss_sum, s1.loss_sum);
+#else
+  double diff = 0.0, norm = 0.0;
+  for (size_t i = 0; i < g1.size(); ++i) diff += std::pow(g1[i] - g2[i], 2), norm += std::pow(g1[i], 2);
+  EXPECT_LT(std::sqrt(diff), 1e-3 * std::sqrt(norm));
+#endif
+}
+
 TEST(ModelStep, EvaluateSumsOverChunks) {
   // 600 samples: evaluation runs in several internal chunks; the sums must match the per-slice sums.
   for (const char* kind : kKinds) {
