@@ -1,15 +1,17 @@
 #include "runtime/monitor.hpp"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
-#include <fstream>
-#include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace lbbsp::runtime {
@@ -22,6 +24,44 @@ double own_cpu_seconds() {
 }
 double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The whole of a /proc file in `out` (empty if unreadable). One read(2) loop and no iostreams: sample() runs
+// once per iteration, and with streams it took 85 us on the 2-CPU development VM, now 36 us (28 of them the
+// kernel's two reads).
+void read_proc_file(const char* path, std::string& out) {
+  out.clear();
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  char chunk[16384];
+  for (ssize_t got; (got = read(fd, chunk, sizeof chunk)) > 0;) out.append(chunk, size_t(got));
+  close(fd);
+}
+
+// Each line of text, without its newline.
+template <typename Fn>
+void for_each_line(std::string_view text, Fn&& fn) {
+  while (!text.empty()) {
+    const size_t end = std::min(text.find('\n'), text.size());
+    fn(text.substr(0, end));
+    text.remove_prefix(std::min(end + 1, text.size()));
+  }
+}
+
+// The next space-separated unsigned number of `rest` (consumed), or 0 when there is none left.
+uint64_t next_number(std::string_view& rest) {
+  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  uint64_t value = 0;
+  const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), value);
+  rest.remove_prefix(size_t(end - rest.data()));
+  return ec == std::errc() ? value : 0;
+}
+
+// The number after `key` at the start of `line`, or 0 when the line starts otherwise.
+uint64_t value_after(std::string_view line, std::string_view key) {
+  if (!line.starts_with(key)) return 0;
+  line.remove_prefix(key.size());
+  return next_number(line);
 }
 }  // namespace
 
@@ -45,21 +85,21 @@ ResourceMonitor::ResourceMonitor() : cpus_(allowed_cpus()) {
 
 ResourceMonitor::CpuTimes ResourceMonitor::read_cpu_times() const {
   CpuTimes t;
-  std::ifstream in("/proc/stat");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("procs_running ", 0) == 0) t.running = std::atol(line.c_str() + 14);
-    if (line.rfind("cpu", 0) != 0 || line.size() < 4 || !std::isdigit(static_cast<unsigned char>(line[3])))
-      continue;
-    std::istringstream s(line.substr(3));
-    int cpu;
-    uint64_t user = 0, nice = 0, sys = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-    s >> cpu >> user >> nice >> sys >> idle >> iowait >> irq >> softirq >> steal;
-    if (!cpus_.empty() && !std::binary_search(cpus_.begin(), cpus_.end(), cpu)) continue;
-    uint64_t busy = user + nice + sys + irq + softirq + steal;
+  read_proc_file("/proc/stat", text_);
+  for_each_line(text_, [&](std::string_view line) {
+    if (line.starts_with("procs_running ")) t.running = long(value_after(line, "procs_running "));
+    if (line.size() < 4 || !line.starts_with("cpu") || !std::isdigit(static_cast<unsigned char>(line[3])))
+      return;
+    // cpuN user nice system idle iowait irq softirq steal ...
+    std::string_view rest = line.substr(3);
+    const int cpu = int(next_number(rest));
+    uint64_t v[8] = {};
+    for (uint64_t& x : v) x = next_number(rest);
+    if (!cpus_.empty() && !std::binary_search(cpus_.begin(), cpus_.end(), cpu)) return;
+    const uint64_t busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];  // user nice system irq softirq steal
     t.busy += busy;
-    t.total += busy + idle + iowait;
-  }
+    t.total += busy + v[3] + v[4];  // + idle iowait
+  });
   return t;
 }
 
@@ -81,16 +121,13 @@ ResourceMetrics ResourceMonitor::sample() {
   last_own_s_ = own;
   last_wall_s_ = wall;
 
-  std::ifstream mi("/proc/meminfo");
-  std::string key;
-  double value = 0, total = 0, avail = 0;
-  std::string unit;
-  while (mi >> key >> value) {
-    std::getline(mi, unit);
-    if (key == "MemTotal:") total = value;
-    if (key == "MemAvailable:") avail = value;
-  }
-  if (total > 0) m.mem_avail = avail / total;
+  uint64_t total = 0, avail = 0;  // kB
+  read_proc_file("/proc/meminfo", text_);
+  for_each_line(text_, [&](std::string_view line) {
+    total = std::max(total, value_after(line, "MemTotal:"));
+    avail = std::max(avail, value_after(line, "MemAvailable:"));
+  });
+  if (total > 0) m.mem_avail = double(avail) / double(total);
   m.load = static_cast<double>(now.running) / std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
   return m;
 }

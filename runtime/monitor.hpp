@@ -1,6 +1,7 @@
 // Resource metrics of this rank read from /proc: CPU available to it, memory available, load.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace lbbsp::runtime {
@@ -32,6 +33,7 @@ class ResourceMonitor {
   CpuTimes last_;
   double last_own_s_ = 0, last_wall_s_ = 0;
   long ticks_per_s_ = 100;
+  mutable std::string text_;  // the last /proc file read, kept to reuse its allocation
 };
 
 }  // namespace lbbsp::runtime
