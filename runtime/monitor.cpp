@@ -70,8 +70,9 @@ std::vector<int> ResourceMonitor::allowed_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    // Stop at the last CPU in the mask rather than at CPU_SETSIZE (1,024): this runs every iteration.
+    for (int c = 0, left = CPU_COUNT(&set); left > 0 && c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c), --left;
   }
   return cpus;
 }
