@@ -27,8 +27,8 @@ double wall_seconds() {
 }
 
 // The whole of a /proc file in `out` (empty if unreadable). One read(2) loop and no iostreams: sample() runs
-// once per iteration, and with streams it took 85 us on the 2-CPU development VM, now 36 us (28 of them the
-// kernel's two reads).
+// once per iteration, and with streams it took 80-97 us on the 2-CPU development VM, now 36-56 us, most of it
+// the kernel's two reads (28 us).
 void read_proc_file(const char* path, std::string& out) {
   out.clear();
   const int fd = open(path, O_RDONLY | O_CLOEXEC);
