@@ -100,7 +100,8 @@ class Cnn final : public Model {
     const int batches = (n + kMicroBatch - 1) / kMicroBatch, threads = omp_get_max_threads();
     const size_t params_count = layout_.size();
     float* partials = ensure_size(partials_, size_t(batches) * params_count);
-    std::vector<StepStats> stats(batches);
+    std::vector<StepStats>& stats = stats_;
+    stats.assign(batches, StepStats{});
     if (scratch_.size() < size_t(threads)) scratch_.resize(threads);
 #pragma omp parallel for schedule(dynamic, 1) if (threads > 1 && batches >= threads)
     for (int b = 0; b < batches; ++b) {
@@ -187,6 +188,7 @@ class Cnn final : public Model {
   size_t w1_ = 0, b1_ = 0, w2_ = 0, b2_ = 0, wf_ = 0, bf_ = 0;
   std::vector<Scratch> scratch_;  // one per thread
   std::vector<float> partials_;   // one gradient per micro-batch
+  std::vector<StepStats> stats_;  // one per micro-batch
 };
 
 }  // namespace

@@ -5,10 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <ctime>
 #include <string>
 #include <string_view>
@@ -34,7 +34,12 @@ void read_proc_file(const char* path, std::string& out) {
   const int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
   char chunk[16384];
-  for (ssize_t got; (got = read(fd, chunk, sizeof chunk)) > 0;) out.append(chunk, size_t(got));
+  for (ssize_t got; (got = read(fd, chunk, sizeof chunk)) != 0;) {
+    if (got > 0)
+      out.append(chunk, size_t(got));
+    else if (errno != EINTR)
+      break;  // a signal (SIGTERM's handler) must not cut the file short
+  }
   close(fd);
 }
 
@@ -79,12 +84,13 @@ std::vector<int> ResourceMonitor::allowed_cpus() {
 
 ResourceMonitor::ResourceMonitor() : cpus_(allowed_cpus()) {
   ticks_per_s_ = sysconf(_SC_CLK_TCK);
+  online_cpus_ = std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
   last_ = read_cpu_times();
   last_own_s_ = own_cpu_seconds();
   last_wall_s_ = wall_seconds();
 }
 
-ResourceMonitor::CpuTimes ResourceMonitor::read_cpu_times() const {
+ResourceMonitor::CpuTimes ResourceMonitor::read_cpu_times() {
   CpuTimes t;
   read_proc_file("/proc/stat", text_);
   for_each_line(text_, [&](std::string_view line) {
@@ -129,7 +135,7 @@ ResourceMetrics ResourceMonitor::sample() {
     avail = std::max(avail, value_after(line, "MemAvailable:"));
   });
   if (total > 0) m.mem_avail = double(avail) / double(total);
-  m.load = static_cast<double>(now.running) / std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
+  m.load = static_cast<double>(now.running) / online_cpus_;
   return m;
 }
 

@@ -27,13 +27,14 @@ class ResourceMonitor {
     uint64_t busy = 0, total = 0;
     long running = 0;  // procs_running: runnable threads system-wide at the read
   };
-  CpuTimes read_cpu_times() const;
+  CpuTimes read_cpu_times();
   static std::vector<int> allowed_cpus();  // this process's affinity mask (sched_getaffinity)
   std::vector<int> cpus_;                  // the CPUs this process may run on
   CpuTimes last_;
   double last_own_s_ = 0, last_wall_s_ = 0;
   long ticks_per_s_ = 100;
-  mutable std::string text_;  // the last /proc file read, kept to reuse its allocation
+  long online_cpus_ = 1;  // for load; read once (glibc's sysconf reads /sys on every call)
+  std::string text_;      // the last /proc file read, kept to reuse its allocation
 };
 
 }  // namespace lbbsp::runtime
