@@ -67,7 +67,8 @@ nlohmann::json meta_of(const CheckpointIdentity& id, const TrainState& st) {
           {"ranks", st.ranks},
           {"lag", st.lag},
           {"balancer", st.balancer},
-          {"stats", st.stats}};
+          {"stats", st.stats},
+          {"optimizer", st.optimizer ? to_json(*st.optimizer) : nlohmann::json()}};
 }
 
 uint64_t checksum(const std::string& meta, const TrainState& st) {
@@ -155,6 +156,46 @@ void write_file(const std::string& path, const std::string& bytes) {
 
 }  // namespace
 
+nlohmann::json to_json(const OptimizerRecord& r) {
+  return {{"schedule", r.schedule},     {"lr", r.lr},
+          {"warmup", r.warmup},         {"horizon", r.horizon},
+          {"step_every", r.step_every}, {"step_gamma", r.step_gamma},
+          {"momentum", r.momentum},     {"weight_decay", r.weight_decay}};
+}
+
+OptimizerRecord optimizer_record_from_json(const nlohmann::json& j) {
+  OptimizerRecord r;
+  r.schedule = j.at("schedule").get<std::string>();
+  r.lr = j.at("lr").get<double>();
+  r.warmup = j.at("warmup").get<int64_t>();
+  r.horizon = j.at("horizon").get<int64_t>();
+  r.step_every = j.at("step_every").get<int64_t>();
+  r.step_gamma = j.at("step_gamma").get<double>();
+  r.momentum = j.at("momentum").get<double>();
+  r.weight_decay = j.at("weight_decay").get<double>();
+  return r;
+}
+
+std::vector<std::string> optimizer_changes(const OptimizerRecord& was, const OptimizerRecord& now) {
+  std::vector<std::string> out;
+  auto differ = [&out](const char* what, const auto& a, const auto& b) {
+    if (a != b)
+      out.push_back(std::string(what) + ": " + nlohmann::json(a).dump() + " in the checkpoint, " +
+                    nlohmann::json(b).dump() + " now");
+  };
+  differ("learning rate (--lr)", was.lr, now.lr);
+  differ("schedule (--lr-schedule)", was.schedule, now.schedule);
+  if (was.schedule == now.schedule) {  // the shape's parameters only compare within one kind
+    differ("step interval (--lr-schedule step:EVERY:GAMMA)", was.step_every, now.step_every);
+    differ("step factor (--lr-schedule step:EVERY:GAMMA)", was.step_gamma, now.step_gamma);
+    differ("cosine horizon in iterations (--epochs, --max-iterations)", was.horizon, now.horizon);
+  }
+  differ("warm-up (--warmup-iterations)", was.warmup, now.warmup);
+  differ("momentum (--momentum)", was.momentum, now.momentum);
+  differ("weight decay (--weight-decay)", was.weight_decay, now.weight_decay);
+  return out;
+}
+
 uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
   auto* p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
@@ -227,6 +268,8 @@ TrainState read_checkpoint(const std::string& path, const CheckpointIdentity& wa
     st.lag = meta.at("lag").get<int>();
     st.balancer = meta.at("balancer").get<std::string>();
     st.stats = meta.at("stats");
+    if (meta.contains("optimizer") && !meta.at("optimizer").is_null())
+      st.optimizer = optimizer_record_from_json(meta.at("optimizer"));
   } catch (const CheckpointCorrupt& e) {
     throw CheckpointCorrupt("checkpoint '" + path + "' is corrupt: " + e.what());
   } catch (const std::exception& e) {

@@ -1,10 +1,12 @@
 // Training checkpoints: one HDF5 file per checkpoint (ckpt-<iteration>.h5 in a folder), written atomically by
 // rank 0 (temp file, fsync, rename, fsync of the folder), the newest K kept. A format version and an FNV-1a
 // checksum over every byte of state guard the load; a checkpoint of another model, global batch, dataset or
-// seed is refused.
+// seed is refused; one whose optimiser (learning rate, schedule, momentum, weight decay) differs from the
+// run's is refused unless the run allows it (optimizer_changes).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -22,6 +24,27 @@ struct CheckpointIdentity {
   uint64_t seed = 0;
 };
 
+// What the optimiser does at each iteration; a resume that changes it continues on another trajectory.
+struct OptimizerRecord {
+  std::string schedule;     // constant, step, cosine
+  double lr = 0;            // the schedule's base rate (--lr)
+  int64_t warmup = 0;       // --warmup-iterations
+  int64_t horizon = 0;      // cosine: the iteration its decay reaches 0 (--epochs, --max-iterations); else 0
+  int64_t step_every = 0;   // step:EVERY:GAMMA; else 0
+  double step_gamma = 0;    // step; else 0
+  double momentum = 0;      // --momentum
+  double weight_decay = 0;  // --weight-decay
+  bool operator==(const OptimizerRecord&) const = default;
+};
+
+nlohmann::json to_json(const OptimizerRecord& r);
+OptimizerRecord optimizer_record_from_json(const nlohmann::json& j);
+
+// The differences between the optimiser a checkpoint recorded and this run's, one phrase each naming the
+// flags
+// ("cosine horizon (--epochs, --max-iterations): 60 in the checkpoint, 100 now"); empty when they agree.
+std::vector<std::string> optimizer_changes(const OptimizerRecord& recorded, const OptimizerRecord& now);
+
 struct TrainState {
   int64_t iteration = 0;  // the next iteration to run
   int ranks = 0;          // rank count that wrote it (the batch vector and balancer state are per rank)
@@ -32,6 +55,7 @@ struct TrainState {
   std::vector<int64_t> pending;  // lag 1: the decision already made for iteration + 1 (else empty)
   std::string balancer_state;    // Balancer::save_state()
   nlohmann::json stats;          // the trainer's running statistics (summary, curve), opaque here
+  std::optional<OptimizerRecord> optimizer;  // absent in checkpoints written before lbbsp recorded it
 };
 
 // Bytes that fail their checksum or cannot be read at all.

@@ -156,7 +156,13 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   t->add_flag(
       "--resume", c.resume,
-      "Continue from the newest valid checkpoint in --checkpoint-dir (same model, global batch, data, seed)");
+      "Continue from the newest valid checkpoint in --checkpoint-dir (same model, global batch, data, seed; "
+      "same --lr, --lr-schedule and its horizon, --warmup-iterations, --momentum, --weight-decay)");
+  t->add_flag(
+      "--allow-optimizer-change", c.allow_optimizer_change,
+      "With --resume: continue although the learning rate, its schedule (a cosine's horizon follows "
+      "--epochs and --max-iterations), warm-up, momentum or weight decay differ from the checkpoint's; "
+      "each difference is printed");
 
   read_config_section(t);
   t->footer(

@@ -283,6 +283,7 @@ TrainState Trainer::snapshot(int64_t next_iteration) {
   if (cfg_.lag == 1) st.pending = manager_->settle();  // the decision in flight belongs to the state
   st.balancer_state = manager_->balancer().save_state();
   st.stats = stats_.to_json(run_log_ ? run_log_->io_s() : 0.0);
+  st.optimizer = optimizer_;
   return st;
 }
 

@@ -67,10 +67,11 @@ struct TrainConfig {
   double target_accuracy = 0;        // report training time to reach it (0: off)
   int64_t progress_every = 0;        // plain progress line every N iterations (0: about 20 per run)
   bool quiet = false;
-  std::string checkpoint_dir;    // write / resume checkpoints here
-  int64_t checkpoint_every = 0;  // iterations between checkpoints (0: only at the end of the run)
-  int checkpoint_keep = 2;       // newest checkpoints kept
-  bool resume = false;           // continue from the newest valid checkpoint in checkpoint_dir
+  std::string checkpoint_dir;           // write / resume checkpoints here
+  int64_t checkpoint_every = 0;         // iterations between checkpoints (0: only at the end of the run)
+  int checkpoint_keep = 2;              // newest checkpoints kept
+  bool resume = false;                  // continue from the newest valid checkpoint in checkpoint_dir
+  bool allow_optimizer_change = false;  // resume although lr, schedule, momentum or weight decay differ
 };
 
 // Runs the whole training on this rank. Throws on any error (the caller aborts the job with the message).
@@ -117,6 +118,7 @@ class Trainer {
   void allocate();
   bool resume();
   bool load_checkpoint(TrainState* st, std::string* used, std::string* meta);
+  void check_optimizer(const TrainState& st, const std::string& used) const;
   void restore_balancer(const TrainState& st, const std::string& used, bool same_split,
                         const std::vector<double>& predicted);
   void make_engine();
@@ -164,6 +166,7 @@ class Trainer {
   RunStats stats_;
   bool tty_ = false;
   CheckpointIdentity ckpt_id_;
+  OptimizerRecord optimizer_;  // recorded in checkpoints, compared on --resume
   std::unique_ptr<StepEngine> engine_;
   std::unique_ptr<StopSignals> stop_signals_;
   int stop_sig_ = 0;  // the first stop signal any rank received: the same on every rank

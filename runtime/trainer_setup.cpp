@@ -38,6 +38,21 @@ bool stdout_is_tty() {
     if (std::getenv(v)) return false;
   return isatty(STDOUT_FILENO) == 1;
 }
+
+// The schedule as a checkpoint records it: the horizon only where the schedule depends on it (cosine).
+OptimizerRecord optimizer_record(const models::LrSchedule& s, double momentum, double weight_decay) {
+  using Kind = models::LrSchedule::Kind;
+  OptimizerRecord r;
+  r.schedule = s.kind == Kind::kCosine ? "cosine" : s.kind == Kind::kStep ? "step" : "constant";
+  r.lr = s.base_lr;
+  r.warmup = s.warmup_iterations;
+  r.horizon = s.kind == Kind::kCosine ? s.total_iterations : 0;
+  r.step_every = s.kind == Kind::kStep ? s.step_every : 0;
+  r.step_gamma = s.kind == Kind::kStep ? s.step_gamma : 0.0;
+  r.momentum = momentum;
+  r.weight_decay = weight_decay;
+  return r;
+}
 }  // namespace
 
 bool Trainer::set_up() {
@@ -73,6 +88,8 @@ void Trainer::check_config() const {
   if ((cfg.resume || cfg.checkpoint_every > 0) && cfg.checkpoint_dir.empty())
     throw std::invalid_argument(std::string(cfg.resume ? "--resume" : "--checkpoint-every") +
                                 " needs --checkpoint-dir DIR");
+  if (cfg.allow_optimizer_change && !cfg.resume)
+    throw std::invalid_argument("--allow-optimizer-change applies to --resume only: add --resume or drop it");
 }
 
 // Output paths are checked before training, not discovered unwritable at the end of a long run. The log
@@ -148,6 +165,7 @@ void Trainer::load_data_and_model() {
   if (cfg_.max_iterations > 0) total_ = std::min(total_, cfg_.max_iterations);
   schedule_ = std::make_unique<models::LrSchedule>(
       models::parse_lr_schedule(cfg_.lr_schedule, cfg_.lr, cfg_.warmup_iterations, total_));
+  optimizer_ = optimizer_record(*schedule_, cfg_.momentum, cfg_.weight_decay);
   // What a checkpoint must match to be resumed.
   ckpt_id_ = {cfg_.model,
               static_cast<int64_t>(params_.size()),
@@ -259,6 +277,7 @@ bool Trainer::load_checkpoint(TrainState* st, std::string* used, std::string* me
       for (const auto& sk : skipped)
         std::fprintf(stderr, "lbbsp: warning: skipping %s; using the older '%s'\n", sk.c_str(),
                      used->c_str());
+      check_optimizer(*st, *used);
       *meta = nlohmann::json{{"iteration", st->iteration}, {"ranks", st->ranks}, {"stats", st->stats}}.dump();
     } catch (const std::exception& e) {
       error = e.what();
@@ -269,6 +288,29 @@ bool Trainer::load_checkpoint(TrainState* st, std::string* used, std::string* me
   if (root_) throw std::invalid_argument(error);
   comm_.barrier();  // rank 0 aborts the job with the message
   return false;
+}
+
+// Rank 0: a checkpoint whose optimiser differs from this run's is refused (the run would continue on another
+// learning-rate curve without a word), or with --allow-optimizer-change each difference is printed.
+void Trainer::check_optimizer(const TrainState& st, const std::string& used) const {
+  if (!st.optimizer) {
+    std::fprintf(stderr,
+                 "lbbsp: warning: checkpoint '%s' predates recorded optimiser settings: --lr, --lr-schedule, "
+                 "--warmup-iterations, --momentum and --weight-decay are not checked against it\n",
+                 used.c_str());
+    return;
+  }
+  const auto changes = optimizer_changes(*st.optimizer, optimizer_);
+  if (changes.empty()) return;
+  std::string list;
+  for (const auto& c : changes) list += (list.empty() ? "" : "; ") + c;
+  if (!cfg_.allow_optimizer_change)
+    throw std::invalid_argument(
+        "--resume: checkpoint '" + used + "' was written with another optimiser: " + list +
+        ". Resume with the flags it was written with, or pass --allow-optimizer-change "
+        "to continue on this run's settings");
+  for (const auto& c : changes)
+    std::fprintf(stderr, "lbbsp: warning: --allow-optimizer-change: %s\n", c.c_str());
 }
 
 // The balancer continues where it was when the rank count, balancer and lag are the same; otherwise it

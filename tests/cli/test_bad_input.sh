@@ -48,6 +48,7 @@ expect_fail "inject-fault: expected RANK:ITERATION:KIND \(in 'x'" "$LBBSP" "${T[
 expect_fail "inject-fault: KIND must be .*\(in '0:1:explode'" "$LBBSP" "${T[@]}" --inject-fault 0:1:explode
 expect_fail "checkpoint-every needs --checkpoint-dir" "$LBBSP" "${T[@]}" --checkpoint-every 5
 expect_fail "resume needs --checkpoint-dir" "$LBBSP" "${T[@]}" --resume
+expect_fail "allow-optimizer-change applies to --resume only" "$LBBSP" "${T[@]}" --allow-optimizer-change
 touch "$SCRATCH/afile"
 expect_fail "checkpoint-dir: cannot create folder '$SCRATCH/afile/ck'" "$LBBSP" "${T[@]}" --checkpoint-dir "$SCRATCH/afile/ck"
 expect_fail "save-params: cannot write .*does not exist" "$LBBSP" "${T[@]}" --save-params /nonexistent/p.h5

@@ -107,11 +107,41 @@ SEED=6 expect_fail "written for seed 5, this run has 6" train 2 logreg random:7 
 expect_fail "no checkpoint \(ckpt-\*.h5\) in --checkpoint-dir" train 1 logreg bsp 0 30 \
   --checkpoint-dir "$SCRATCH/empty" --resume
 expect_fail "--resume needs --checkpoint-dir" train 1 logreg bsp 0 30 --resume
+
+# The optimiser is part of the checkpoint. A cosine schedule's horizon is the run's length: resumed with the same
+# flags from iteration 10 of 30 it ends bit-identical; extended (stopped at 12 of --max-iterations 12, resumed with
+# 30) it is refused naming both horizons, and with --allow-optimizer-change it goes on with a warning saying so.
+cos_train() {  # cos_train MAX_IT [extra...]
+  local max=$1; shift
+  mpirun_n 2 "$LBBSP" train --data "$DATA" --model mlp --hidden 32 --epochs 1 --global-batch 32 --lr 0.05 \
+    --lr-schedule cosine --warmup-iterations 3 --momentum "${MOMENTUM:-0.9}" --balancer random:3 --max-iterations "$max" --seed 5 \
+    --test-subset 256 --quiet "$@"
+}
+C=$SCRATCH/ck-cos
+cos_train 30 --checkpoint-dir "$C" --checkpoint-every 5 --checkpoint-keep 10 --save-params "$SCRATCH/cos-full.h5"
+find "$C" -name 'ckpt-*.h5' ! -name ckpt-000000000010.h5 -delete
+cos_train 30 --checkpoint-dir "$C" --resume --save-params "$SCRATCH/cos-resumed.h5" --summary-json "$SCRATCH/cos.json"
+[[ $(start_of "$SCRATCH/cos.json") == 10 ]] || fail "cosine: resumed at $(start_of "$SCRATCH/cos.json"), not 10"
+identical "$SCRATCH/cos-full.h5" "$SCRATCH/cos-resumed.h5"
+E=$SCRATCH/ck-extend
+cos_train 12 --checkpoint-dir "$E"
+expect_fail "written with another optimiser: cosine horizon in iterations \(--epochs, --max-iterations\): 12 in the checkpoint, 30 now.*--allow-optimizer-change" \
+  cos_train 30 --checkpoint-dir "$E" --resume
+MOMENTUM=0.5 expect_fail "written with another optimiser: momentum \\(--momentum\\): 0.9 in the checkpoint, 0.5 now" \
+  cos_train 12 --checkpoint-dir "$E" --resume
+out=$(cos_train 30 --checkpoint-dir "$E" --resume --allow-optimizer-change --summary-json "$SCRATCH/ext.json" 2>&1) ||
+  fail "--allow-optimizer-change did not resume: $out"
+grep -q "warning: --allow-optimizer-change: cosine horizon in iterations (--epochs, --max-iterations): 12 in the checkpoint, 30 now" <<<"$out" ||
+  fail "no warning naming the old and new horizon: $out"
+$PY -c "import json,sys; s=json.load(open(sys.argv[1])); assert s['start_iteration'] == 12 and s['iterations'] == 30, s" \
+  "$SCRATCH/ext.json"
+echo "ok: the optimiser is checked on --resume (same flags bit-identical; a changed horizon refused or stated)"
 # Disk full while checkpointing (emulated with a 12 MiB file-size limit, above what MPI start-up writes, below the
 # 21 MB checkpoint of this MLP; SIGXFSZ ignored so write() fails with EFBIG): a warning, training goes on to the
 # end, no partial file is left, the older checkpoints stay as they were.
 F=$SCRATCH/ck-full
-BIG=(train --data "$DATA" --model mlp --hidden 8192,256 --global-batch 32 --seed 5 --checkpoint-dir "$F" --quiet)
+BIG=(train --data "$DATA" --model mlp --hidden 8192,256 --global-batch 32 --seed 5 --lr-schedule constant
+     --checkpoint-dir "$F" --quiet)
 "$LBBSP" "${BIG[@]}" --max-iterations 10 --checkpoint-every 5
 before=$(md5sum "$F"/ckpt-*.h5)
 out=$(trap '' XFSZ; ulimit -f 12288; "$LBBSP" "${BIG[@]}" --max-iterations 20 --checkpoint-every 5 --resume \

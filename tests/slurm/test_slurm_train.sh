@@ -86,9 +86,10 @@ grep -qE '^mpirun ' "$SCRATCH/results/train-$job_mpirun/command.sh" || fail "mpi
 
 # Time limits: SIGUSR1 to the batch shell alone (what `sbatch --signal=B:USR1@SECONDS` sends) reaches the ranks
 # through train.sbatch and srun; they checkpoint into CHECKPOINT_DIR and stop (exit 138); the next job with the
-# same CHECKPOINT_DIR resumes at that iteration.
+# same CHECKPOINT_DIR resumes at that iteration. (A constant learning rate: the resume shortens the run, which a
+# cosine schedule's horizon would refuse, tests/mpi/test_checkpoint.sh.)
 ck=("${long_run[@]}" EPOCHS=1000 CHECKPOINT_DIR="$SCRATCH/ckpt")
-job_long=$(cd "$SCRATCH" && env "${ck[@]}" MAX_ITERATIONS=100000 TRAIN_ARGS="--progress-every 1" \
+job_long=$(cd "$SCRATCH" && env "${ck[@]}" MAX_ITERATIONS=100000 TRAIN_ARGS="--progress-every 1 --lr-schedule constant" \
   STRAGGLE="static:1;gpu=0.005:1000000:0:1000000" \
   timeout 30 sbatch --parsable -J lbbsp-long -n 2 --overcommit -t 5 -o "$SCRATCH/job-long-%j.out" \
   "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (CHECKPOINT_DIR variant) refused the job"
@@ -102,7 +103,7 @@ cat "$SCRATCH/job-long-$job_long.out"
 stopped=$(grep -oE 'SIGUSR1: stopped after iteration [0-9]+' "$log" | grep -oE '[0-9]+$') ||
   fail "job $job_long: no stop message in $log"
 [[ -f $SCRATCH/ckpt/$(printf 'ckpt-%012d.h5' "$stopped") ]] || fail "no checkpoint of iteration $stopped"
-job_resume=$(cd "$SCRATCH" && env "${ck[@]}" MAX_ITERATIONS=$((stopped + 10)) \
+job_resume=$(cd "$SCRATCH" && env "${ck[@]}" MAX_ITERATIONS=$((stopped + 10)) TRAIN_ARGS="--lr-schedule constant" \
   timeout 30 sbatch --parsable -J lbbsp-resume -n 2 --overcommit -t 5 -o "$SCRATCH/job-resume-%j.out" \
   "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (resume) refused the job"
 state=$(minicluster_wait "$job_resume" 120) || fail "job $job_resume did not finish"

@@ -121,3 +121,51 @@ TEST(Checkpoint, AnotherTrainingIsRefusedNamingBothValues) {
   other.model = "cnn";
   EXPECT_THROW(read_checkpoint(path, other), std::invalid_argument);
 }
+
+namespace {
+OptimizerRecord cosine(int64_t horizon) {
+  OptimizerRecord r;
+  r.schedule = "cosine";
+  r.lr = 0.05;
+  r.warmup = 10;
+  r.horizon = horizon;
+  r.momentum = 0.9;
+  r.weight_decay = 1e-4;
+  return r;
+}
+}  // namespace
+
+TEST(Checkpoint, RecordsTheOptimizerAndReadsOlderFilesWithout) {
+  TempDir d;
+  auto st = state(9);
+  st.optimizer = cosine(60);
+  auto path = write_checkpoint(d.path, identity(), st, 2);
+  const auto back = read_checkpoint(path, identity());
+  ASSERT_TRUE(back.optimizer.has_value());
+  EXPECT_EQ(*back.optimizer, cosine(60));
+  // A checkpoint written before the record existed has none: read as absent, not as a default optimiser.
+  const auto old = read_checkpoint(write_checkpoint(d.path, identity(), state(10), 2), identity());
+  EXPECT_FALSE(old.optimizer.has_value());
+}
+
+TEST(Checkpoint, OptimizerChangesNameEachFlag) {
+  EXPECT_TRUE(optimizer_changes(cosine(60), cosine(60)).empty());
+  auto longer = optimizer_changes(cosine(60), cosine(100));
+  ASSERT_EQ(longer.size(), 1u);
+  EXPECT_EQ(longer[0],
+            "cosine horizon in iterations (--epochs, --max-iterations): 60 in the checkpoint, 100 now");
+  auto now = cosine(60);
+  now.lr = 0.1, now.momentum = 0.5, now.weight_decay = 0, now.warmup = 0;
+  const auto four = optimizer_changes(cosine(60), now);
+  ASSERT_EQ(four.size(), 4u);
+  EXPECT_NE(four[0].find("(--lr): 0.05 in the checkpoint, 0.1 now"), std::string::npos) << four[0];
+  EXPECT_NE(four[1].find("--warmup-iterations"), std::string::npos) << four[1];
+  EXPECT_NE(four[2].find("--momentum"), std::string::npos) << four[2];
+  EXPECT_NE(four[3].find("--weight-decay"), std::string::npos) << four[3];
+  // Another kind is one difference, not also its parameters (a constant schedule has no horizon).
+  now = cosine(60);
+  now.schedule = "constant", now.horizon = 0;
+  const auto kind = optimizer_changes(cosine(60), now);
+  ASSERT_EQ(kind.size(), 1u);
+  EXPECT_EQ(kind[0], "schedule (--lr-schedule): \"cosine\" in the checkpoint, \"constant\" now");
+}
