@@ -18,37 +18,62 @@ expect_fail() {
   grep -qE -- "$pattern" <<<"$out" || fail "expected message /$pattern/ from: $* ; got: $out"
   echo "ok (exit $rc): $pattern"
 }
-# find_rank_pid MARKER: pid of one lbbsp rank whose command line contains MARKER (waits up to 10 s). Matches the
+# find_rank_pid MARKER: pid of one lbbsp rank whose command line contains MARKER (waits up to 30 s). Matches the
 # executable, not the name: lbbsp re-executes itself at start-up.
-find_rank_pid() {
-  local marker=$1 exe pid=""
+rank_pids() {
+  local exe
   exe=$(readlink -f "$LBBSP")
-  for _ in $(seq 100); do
-    pid=$(pgrep -f -- "$marker" | while read -r p; do
-      [[ $(readlink /proc/$p/exe 2>/dev/null) == "$exe" ]] && echo "$p"; done | tail -n 1 || true)
-    [[ -n $pid ]] && break
-    sleep 0.1
-  done
-  [[ -n $pid ]] || fail "could not find a rank to kill (marker '$marker')"
-  echo "$pid"
+  pgrep -f -- "$1" | while read -r p; do [[ $(readlink /proc/$p/exe 2>/dev/null) == "$exe" ]] && echo "$p"; done || true
+}
+has_rank() { [[ -n $(rank_pids "$1") ]]; }
+find_rank_pid() {
+  wait_until 30 has_rank "$1" || fail "no lbbsp rank with '$1' on its command line within 30 s"
+  rank_pids "$1" | tail -n 1
 }
 # kill_rank_expect_prompt_end PID JOB: SIGKILL the rank; the job (a background pid) must end non-zero within 30 s.
 kill_rank_expect_prompt_end() {
-  local victim=$1 job=$2 start=$SECONDS rc=0
+  local victim=$1 job=$2 start=$SECONDS
+  kill -0 "$victim" 2>/dev/null || fail "rank $victim ended before it was killed: give the run an iteration budget it cannot reach"
   kill -9 "$victim"
-  wait "$job" || rc=$?
-  ((rc != 0)) || fail "the job exited 0 after a rank was killed"
-  ((SECONDS - start <= 30)) || fail "the job took $((SECONDS - start)) s to end after a rank was killed"
-  echo "ok: killed rank $victim, job ended in $((SECONDS - start)) s with exit $rc"
+  wait_job "$job" 30 "the job after rank $victim was killed"
+  ((JOB_RC != 0)) || fail "the job exited 0 after a rank was killed"
+  echo "ok: killed rank $victim, job ended in $((SECONDS - start)) s with exit $JOB_RC"
 }
-# wait_for_iteration LOG K [SECONDS]: until LOG (lbbsp train with --progress-every) shows progress at iteration K
-# or later; fails after SECONDS (30).
-wait_for_iteration() {
-  local n tries=$((${3:-30} * 10))
-  for _ in $(seq "$tries"); do
-    n=$(grep -oE '^iteration [0-9]+/' "$1" 2>/dev/null | tail -n 1 | grep -oE '[0-9]+') || true
-    [[ -n $n ]] && ((n >= $2)) && return 0
+# Waiting in tests: for a condition, never for a sleep (docs/testing.md, "Tests that do not race the clock").
+# wait_until SECONDS CMD...: runs CMD every 0.1 s until it succeeds (status 0) or SECONDS pass (status 1).
+wait_until() {
+  local limit=$1 start=$SECONDS; shift
+  until "$@"; do
+    ((SECONDS - start < limit)) || return 1
     sleep 0.1
   done
-  fail "no progress to iteration $2 in $1 within ${3:-30} s: $(cat "$1" 2>&1)"
+}
+# progress_at LOG: the last iteration LOG (lbbsp train with --progress-every) shows progress at, or -1.
+progress_at() {
+  local n
+  n=$(grep -oE '^iteration [0-9]+/' "$1" 2>/dev/null | tail -n 1 | grep -oE '[0-9]+') || true
+  echo "${n:--1}"
+}
+progress_reached() { (($(progress_at "$1") >= $2)); }
+# wait_for_iteration LOG K [SECONDS]: until LOG shows progress at iteration K or later; fails after SECONDS (30).
+wait_for_iteration() {
+  wait_until "${3:-30}" progress_reached "$1" "$2" ||
+    fail "no progress to iteration $2 in $1 within ${3:-30} s: $(tail -n 5 "$1" 2>&1)"
+}
+# wait_for_iteration_or_end LOG K PID [SECONDS]: until LOG shows iteration K or the process PID has ended.
+progress_or_end() { progress_reached "$1" "$2" || ! kill -0 "$3" 2>/dev/null; }
+wait_for_iteration_or_end() {
+  wait_until "${4:-30}" progress_or_end "$1" "$2" "$3" ||
+    fail "no progress to iteration $2 in $1 within ${4:-30} s, process $3 still running: $(tail -n 5 "$1" 2>&1)"
+}
+# wait_job PID SECONDS WHAT: waits for the background job PID to end and sets JOB_RC to its exit status; a job
+# still running after SECONDS is killed and the test fails naming WHAT.
+job_ended() { ! kill -0 "$1" 2>/dev/null; }
+wait_job() {
+  if ! wait_until "$2" job_ended "$1"; then
+    kill -9 "$1" 2>/dev/null || true
+    fail "$3: still running $2 s later"
+  fi
+  JOB_RC=0
+  wait "$1" || JOB_RC=$?
 }

@@ -10,7 +10,7 @@ PY=/usr/bin/python3
 command -v stress-ng >/dev/null || fail "needs stress-ng (scripts/setup.sh installs it)"
 
 out=$SCRATCH/dry
-OUT=$out timeout 300 "$ROOT/scripts/device_check.sh" --dry-run --lbbsp "$LBBSP" --ranks "1 2" >"$SCRATCH/dry.log" 2>&1 ||
+OUT=$out timeout 500 "$ROOT/scripts/device_check.sh" --dry-run --lbbsp "$LBBSP" --ranks "1 2" >"$SCRATCH/dry.log" 2>&1 ||
   { cat "$SCRATCH/dry.log"; fail "device_check.sh --dry-run failed"; }
 
 # status.tsv: a header and one line of four tab-separated fields per step, in the script's order.
@@ -89,7 +89,7 @@ grep -q "^| mlp_bsp | weak | 64 per rank |" "$out/tables.md" || fail "tables.md:
 
 # A step that fails does not stop the others: no dataset, so scaling and interference fail, torch still reports.
 rc=0
-OUT=$SCRATCH/broken DEVICE_CHECK_FMNIST=$SCRATCH/missing.h5 timeout 120 "$ROOT/scripts/device_check.sh" --dry-run \
+OUT=$SCRATCH/broken DEVICE_CHECK_FMNIST=$SCRATCH/missing.h5 timeout 500 "$ROOT/scripts/device_check.sh" --dry-run \
   --lbbsp "$LBBSP" --ranks "1" --steps scaling,interference,torch >"$SCRATCH/broken.log" 2>&1 || rc=$?
 [[ $rc == 1 ]] || fail "missing dataset: exit $rc, expected 1 ($(tail -n 5 "$SCRATCH/broken.log"))"
 awk -F'\t' '$1 == "scaling_mlp_bsp" && $2 ~ /^failed/ {f = 1} END {exit !f}' "$SCRATCH/broken/status.tsv" ||

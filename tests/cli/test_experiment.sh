@@ -8,7 +8,7 @@ PY=/usr/bin/python3
 $PY -c "import numpy, h5py, matplotlib" 2>/dev/null || { echo "SKIP: needs numpy, h5py, matplotlib for $PY"; exit 0; }
 
 "$LBBSP" data synth --samples 6000 --features 784 --classes 10 --seed 1 --out "$SCRATCH/synth.h5" >/dev/null
-timeout 170 $PY "$ROOT/scripts/experiment.py" --smoke --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
+timeout 500 $PY "$ROOT/scripts/experiment.py" --smoke --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
   --out "$SCRATCH/out" >"$SCRATCH/log.txt" 2>&1 || { cat "$SCRATCH/log.txt"; fail "experiment.py --smoke failed"; }
 
 for f in results.md results.csv batch_sizes_static.png iteration_time_static.png speed_static.png \
@@ -42,7 +42,7 @@ s = json.load(open(sys.argv[1]))
 s["test_accuracy"] = 0.1
 json.dump(s, open(sys.argv[1], "w"))
 PY
-timeout 60 $PY "$ROOT/scripts/experiment.py" --smoke --rebuild --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
+timeout 500 $PY "$ROOT/scripts/experiment.py" --smoke --rebuild --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
   --out "$SCRATCH/out" >"$SCRATCH/log-rebuild.txt" 2>&1 || { cat "$SCRATCH/log-rebuild.txt"; fail "--rebuild failed"; }
 grep -q "| static | bsp | .* | 0.1000 (collapsed) |" "$SCRATCH/out/results.md" ||
   { cat "$SCRATCH/out/results.md"; fail "the collapsed bsp run is not flagged in results.md"; }
@@ -62,7 +62,7 @@ exec "$LBBSP" "\$@"
 EOF
 chmod +x "$SCRATCH/lbbsp_failing_oracle"
 rc=0
-timeout 120 $PY "$ROOT/scripts/experiment.py" --smoke --balancers bsp,oracle --lbbsp "$SCRATCH/lbbsp_failing_oracle" \
+timeout 500 $PY "$ROOT/scripts/experiment.py" --smoke --balancers bsp,oracle --lbbsp "$SCRATCH/lbbsp_failing_oracle" \
   --data "$SCRATCH/synth.h5" --out "$SCRATCH/out-fail" >"$SCRATCH/log-fail.txt" 2>&1 || rc=$?
 [[ $rc -ne 0 ]] || { cat "$SCRATCH/log-fail.txt"; fail "experiment.py exited 0 although the oracle run failed"; }
 grep -q "1 run(s) failed" "$SCRATCH/log-fail.txt" && grep -q "static/oracle r0: lbbsp: rank 0: error: injected" \

@@ -19,7 +19,7 @@ with open(sys.argv[1], "w") as f:
     for i in range(400):
         f.write(f"{i * 0.5},{(0.3, 1.0, 0.6, 0.8)[(i * 7 + i // 3) % 4]}\n")
 PY
-timeout 240 $PY "$ROOT/scripts/experiments/telemetry_eval.py" --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
+timeout 500 $PY "$ROOT/scripts/experiments/telemetry_eval.py" --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
   --traces "$SCRATCH/traces/steps_test" --seeds 1 --settings heavy,sleep4k --tick 0.1 --iterations 60 \
   --out "$SCRATCH/te" >"$SCRATCH/log.txt" 2>&1 || { cat "$SCRATCH/log.txt"; fail "telemetry_eval.py failed"; }
 [[ -s $SCRATCH/te/runs/heavy-tick-steps-s1/telemetry.h5 ]] || fail "no telemetry recorded under runs/heavy-tick-steps-s1"

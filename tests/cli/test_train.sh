@@ -26,8 +26,11 @@ h5dump -H "$SCRATCH/logreg.h5" | grep -q 'DATASET "dense.weight"\|DATASET "weigh
 import json; s = json.load(open('$SCRATCH/mlp.json')); assert s['test_accuracy'] >= 0.74, s; print('mlp ok', s['test_accuracy'])"
 
 # Four ranks with static stragglers: lbbsp-cpu gives the slow ranks fewer samples; telemetry and timeline written.
+# The cost is modelled (0.2 ms per sample / capacity, sleeps that dwarf logreg's real compute), so what the balancer
+# decides is checked against what it was told, the capacities, not against how busy the machine happens to be.
 mpirun_n 4 "$LBBSP" train --data "$SCRATCH/f.h5" --model logreg --epochs 1 --global-batch 512 --lr 0.05 \
-  --max-iterations 40 --balancer lbbsp-cpu --predictor ema --straggle "static:1,1,0.5,0.25" --test-subset 1000 \
+  --max-iterations 40 --balancer lbbsp-cpu --predictor ema --straggle "static:1,1,0.5,0.25;gpu=0:0:0.0002:1000000" \
+  --test-subset 1000 \
   --log-dir "$SCRATCH/run" --csv --timeline "$SCRATCH/timeline.json" --summary-json "$SCRATCH/lb.json" --quiet
 /usr/bin/python3 - "$SCRATCH" <<'PY'
 import json, sys, h5py, numpy as np
@@ -43,13 +46,10 @@ for k in ["iteration", "rank", "batch", "compute_s", "wait_s", "allreduce_s", "b
 late = r["iteration"] >= 20
 b = [r["batch"][late & (r["rank"] == i)].mean() for i in range(4)]
 print("mean batch per rank over the last 20 iterations:", [round(x, 1) for x in b])
-# Capacities 1, 1, 0.5, 0.25. On an overloaded host a slow rank's scheduling delay, stretched 2-4x, can outlast
-# the fast ranks' whole batch even for one sample: then lbbsp-cpu idles rank 2 or 3 or both (probing them now and
-# then; seen under ctest -j2 beside the Slurm tests: [233.8, 237.65, 0.2, 40.35]). Two working slow ranks keep order.
-# The fast ranks share the 2 cores with the slow ones, so rank 2 (ideal: half of rank 0) measured up to 0.67x of
-# them in a clean-clone CI run: [172.5, 171.7, 114.85, 52.95]. An equal split is 1.0x.
-assert min(b[0], b[1]) > 1.3 * max(b[2], b[3]), b
-assert b[2] > 1.2 * b[3] or min(b[2], b[3]) < 2, b
+# Capacities 1, 1, 0.5, 0.25: equal finish times need batches in that proportion, [186, 186, 93, 47] of 512 (an
+# equal split is 128 each). 25% margin: each slice's modelled time is sleeps, late by the host's wake-up delay.
+ideal = 512 * np.array([1, 1, 0.5, 0.25]) / 2.75
+assert (np.abs(np.array(b) / ideal - 1) < 0.25).all(), (b, ideal.round(1))
 for it in range(40):
     assert r["batch"][r["iteration"] == it].sum() == 512
 assert np.allclose(r["capacity"][r["rank"] == 3], 0.25)

@@ -13,12 +13,10 @@ SLOW=(--straggle "static:1;gpu=0.005:1000000:0:1000000")
 mpirun_n 2 "$LBBSP" "${TRAIN[@]}" "${SLOW[@]}" >"$SCRATCH/kill.log" 2>&1 &
 job=$!
 victim=$(find_rank_pid "--seed 737373")
-# Wait until a few checkpoints exist, then kill.
-for _ in $(seq 300); do
-  (($(ls "$SCRATCH/ck" 2>/dev/null | grep -c '^ckpt-.*\.h5$') >= 2)) && break
-  sleep 0.1
-done
-sleep 0.3
+# Kill once two checkpoints exist and the run is past the second (iteration 40): between two checkpoints.
+two_checkpoints() { (($(ls "$SCRATCH/ck" 2>/dev/null | grep -c '^ckpt-.*\.h5$') >= 2)); }
+wait_until 120 two_checkpoints || fail "no two checkpoints within 120 s: $(ls "$SCRATCH/ck" 2>&1; tail -n 3 "$SCRATCH/kill.log")"
+wait_for_iteration "$SCRATCH/kill.log" $((2 * EVERY + EVERY / 2)) 120
 kill_rank_expect_prompt_end "$victim" $job
 last=$(grep -oE '^iteration [0-9]+/' "$SCRATCH/kill.log" | tail -n 1 | grep -oE '[0-9]+')
 [[ -n $last ]] || fail "no progress line before the kill: $(cat "$SCRATCH/kill.log")"

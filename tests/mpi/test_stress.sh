@@ -5,13 +5,18 @@ command -v stress-ng >/dev/null || fail "stress-ng is missing; run scripts/setup
 DATA=$SCRATCH/synth.h5
 "$LBBSP" data synth --samples 4000 --features 256 --classes 4 --seed 2 --out "$DATA" >/dev/null
 load=$((80 + RANDOM % 10))  # a load value of this run's own, so that its co-tenant can be told apart
-# Watch for the co-tenant while the job runs.
-( for _ in $(seq 300); do pgrep -f "stress-ng --cpu 1 --cpu-load $load " >/dev/null && { touch "$SCRATCH/seen"; break; }; sleep 0.1; done ) &
-watcher=$!
-mpirun_n 2 "$LBBSP" train --data "$DATA" --model mlp --hidden 256,256 --global-batch 128 --max-iterations 60 \
-  --bind core --straggle "stress:1=$load" --log-dir "$SCRATCH/run" --test-subset 100 --quiet
-wait $watcher || true
-[[ -f $SCRATCH/seen ]] || fail "no stress-ng co-tenant ran next to rank 1"
+cotenant() { pgrep -f "stress-ng --cpu 1 --cpu-load $load " >/dev/null; }
+# A run that cannot end by itself (1,000 epochs): once its co-tenant is seen and 60 iterations are done, SIGTERM
+# stops it (exit 143) with its telemetry written.
+mpirun_n 2 "$LBBSP" train --data "$DATA" --model mlp --hidden 256,256 --global-batch 128 --epochs 1000 \
+  --bind core --straggle "stress:1=$load" --log-dir "$SCRATCH/run" --test-subset 100 --progress-every 1 \
+  --seed 515151 >"$SCRATCH/run.log" 2>&1 &
+job=$!
+wait_until 120 cotenant || fail "no stress-ng co-tenant ran next to rank 1 within 120 s: $(tail -n 5 "$SCRATCH/run.log")"
+wait_for_iteration "$SCRATCH/run.log" 60 120
+kill -TERM "$(find_rank_pid "--seed 515151")"
+wait_job $job 60 "the run after SIGTERM"
+((JOB_RC == 143)) || fail "the run ended with exit $JOB_RC, expected 143: $(tail -n 5 "$SCRATCH/run.log")"
 /usr/bin/python3 - "$SCRATCH/run/telemetry.h5" <<'PY'
 import sys, h5py, numpy as np
 with h5py.File(sys.argv[1], "r") as f:
@@ -24,6 +29,6 @@ print("mean cpu_avail per rank:", [round(c, 3) for c in cpu], " median speed:", 
 # (Rank 0's depends on whatever else runs on this machine, so it is only printed.)
 assert cpu[1] < 0.9, "rank 1's co-tenant should show in its measured CPU availability"
 PY
-sleep 0.5
-if pgrep -f "stress-ng --cpu 1 --cpu-load $load " >/dev/null; then fail "the stress-ng co-tenant outlived the job"; fi
+no_cotenant() { ! cotenant; }
+wait_until 30 no_cotenant || fail "the stress-ng co-tenant outlived the job by 30 s"
 echo "stress co-tenant ok"

@@ -14,16 +14,23 @@ mpirun_n $RANKS "$LBBSP" train --data "$DATA" --model logreg --epochs 1000 --glo
   >"$SCRATCH/run.log" 2>&1 &
 job=$!
 wait_for_iteration "$SCRATCH/run.log" $HANG 120
-sleep 1  # rank 0 is in the allreduce of iteration HANG; the timeline writer wakes every 0.2 s
-# While the run goes on, the file (open, without a lock) reads back up to the last flush.
-/usr/bin/python3 -c "
-import sys, h5py
-n = len(h5py.File(sys.argv[1], 'r')['records']['iteration'])
-assert n >= $HANG * $RANKS, n
-print('ok: read', n, 'rows while the run goes on')" "$SCRATCH/run/telemetry.h5" || fail "cannot read telemetry mid-run"
-exe=$(readlink -f "$LBBSP")
-pids=$(pgrep -f -- "--seed 424242" | while read -r p; do
-  [[ $(readlink /proc/$p/exe 2>/dev/null) == "$exe" ]] && echo "$p"; done || true)
+# Rank 0 is now in the allreduce of iteration HANG. Wait until the timeline writer (a thread) has written the
+# window's last iteration before the hang and the flush after iteration 999, and the telemetry file (open,
+# without a lock) reads back every row up to that flush, while the run goes on.
+flushed() {
+  /usr/bin/python3 - "$SCRATCH" $RANKS $HANG 2>/dev/null <<'PY'
+import json, sys, h5py
+d, ranks, hang = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+t = json.load(open(d + "/timeline.json"))
+assert any(e.get("tid") == "compute" and e["args"]["iteration"] == hang - 1 for e in t)
+assert any(e.get("tid") == "io" and e["name"] == "telemetry flush" for e in t)
+assert len(h5py.File(d + "/run/telemetry.h5", "r")["records"]["iteration"]) >= hang * ranks
+PY
+}
+wait_until 60 flushed || fail "the timeline and telemetry did not reach iteration $((HANG - 1)) within 60 s of the hang"
+kill -0 $job 2>/dev/null || fail "the run ended before the kill: $(tail -n 5 "$SCRATCH/run.log")"
+echo "ok: telemetry and timeline read back up to iteration $((HANG - 1)) while the run goes on"
+pids=$(rank_pids "--seed 424242")
 [[ $(wc -w <<<"$pids") -ge $RANKS ]] || fail "expected $RANKS ranks to kill, found: $pids"
 kill -9 $pids
 rc=0

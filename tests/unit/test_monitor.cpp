@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -90,23 +91,30 @@ TEST_F(Pinned, FollowsARepin) {
   EXPECT_LT(m.sample().cpu_avail, 0.5);
 }
 
-// load is the run queue at the moment of the sample (not a minute's average, which would still be near 0 20
-// ms after the children started): two spinning children and the sampling thread are runnable then.
+// load is the run queue at the moment of the sample (not a minute's average, which would still be near 0 just
+// after the children started): two spinning children and the sampling thread are runnable then. Each child
+// says through a pipe that it spins, so the sample cannot come before they run, however busy the machine is.
 TEST(Monitor, LoadCountsWhatIsRunnableNow) {
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
   std::vector<pid_t> kids;
   for (int k = 0; k < 2; ++k) {
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
-    if (pid == 0) {  // spins until killed, or for 5 s should this test stop before it kills them
-      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    if (pid == 0) {  // spins until killed, or until this test process dies
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      const char one = 1;
+      if (write(ready[1], &one, 1) != 1) _exit(1);
       volatile unsigned long x = 0;
-      while (std::chrono::steady_clock::now() < end) x = x + 1;
-      _exit(0);
+      for (;;) x = x + 1;
     }
     kids.push_back(pid);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  char got[2];
+  for (ssize_t n = 0, r = 0; n < 2; n += r)
+    ASSERT_GT(r = read(ready[0], got + n, 2 - n), 0) << "a child died";
+  close(ready[0]), close(ready[1]);
   ResourceMonitor m;
   const double with_kids = m.sample().load * cpus;
   for (pid_t pid : kids) {
