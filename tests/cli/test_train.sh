@@ -47,9 +47,10 @@ late = r["iteration"] >= 20
 b = [r["batch"][late & (r["rank"] == i)].mean() for i in range(4)]
 print("mean batch per rank over the last 20 iterations:", [round(x, 1) for x in b])
 # Capacities 1, 1, 0.5, 0.25: equal finish times need batches in that proportion, [186, 186, 93, 47] of 512 (an
-# equal split is 128 each). 25% margin: each slice's modelled time is sleeps, late by the host's wake-up delay.
+# equal split is 128 each). Measured at most 1.1% off beside `stress-ng --cpu 2` and on one core (taskset -c 0),
+# so a 15% margin is wide for wake-up delays and still fails an equal split (31% off for ranks 0-1).
 ideal = 512 * np.array([1, 1, 0.5, 0.25]) / 2.75
-assert (np.abs(np.array(b) / ideal - 1) < 0.25).all(), (b, ideal.round(1))
+assert (np.abs(np.array(b) / ideal - 1) < 0.15).all(), (b, ideal.round(1))
 for it in range(40):
     assert r["batch"][r["iteration"] == it].sum() == 512
 assert np.allclose(r["capacity"][r["rank"] == 3], 0.25)
