@@ -34,18 +34,26 @@ void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const fl
     return;
   }
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (threads == 1 || double(m) * n * k < kParallelMinFma || m < 2 * threads)
+  // Split the longer side of C: every thread packs all of the operand along the other side, so splitting the
+  // rows of a short, wide C (a 32-sample batch times 256 units) would pack the whole weight matrix twice.
+  const bool by_rows = m >= n;
+  const int side = by_rows ? m : n;
+  if (threads == 1 || double(m) * n * k < kParallelMinFma || side < 2 * threads)
     return blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    // Rows of C split evenly over our OpenMP threads, each a single-threaded BLAS call: the BLAS never starts
-    // threads of its own, so it cannot oversubscribe the cores our OpenMP threads run on.
+    // Each thread a single-threaded BLAS call: the BLAS never starts threads of its own, so it cannot
+    // oversubscribe the cores our OpenMP threads run on.
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), count = omp_get_num_threads();
-    const int r0 = int(int64_t(m) * t / count), r1 = int(int64_t(m) * (t + 1) / count);
-    const float* a_rows = trans_a ? a + r0 : a + int64_t(r0) * lda;  // op(A) row r is column r of A^T
-    if (r1 > r0)
-      blas_gemm(trans_a, trans_b, r1 - r0, n, k, alpha, a_rows, lda, b, ldb, beta, c + int64_t(r0) * ldc,
+    const int s0 = int(int64_t(side) * t / count), s1 = int(int64_t(side) * (t + 1) / count);
+    if (s1 > s0 && by_rows) {
+      const float* a_rows = trans_a ? a + s0 : a + int64_t(s0) * lda;  // op(A) row r is column r of A^T
+      blas_gemm(trans_a, trans_b, s1 - s0, n, k, alpha, a_rows, lda, b, ldb, beta, c + int64_t(s0) * ldc,
                 ldc);
+    } else if (s1 > s0) {
+      const float* b_cols = trans_b ? b + int64_t(s0) * ldb : b + s0;  // op(B) column j is row j of B^T
+      blas_gemm(trans_a, trans_b, m, s1 - s0, k, alpha, a, lda, b_cols, ldb, beta, c + s0, ldc);
+    }
   }
 }
 

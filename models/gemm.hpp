@@ -1,6 +1,7 @@
 // Row-major single-precision GEMM shared by the kernels: C = alpha * op(A) * op(B) + beta * C (OpenBLAS).
-// Threads are ours: a large GEMM splits the rows of C over the OpenMP threads and every BLAS call runs on one
-// thread (docs/threads.md), so the BLAS never adds threads of its own to the ones our kernels use.
+// Threads are ours: a large GEMM splits the longer side of C (rows or columns) over the OpenMP threads and
+// every BLAS call runs on one thread (docs/threads.md), so the BLAS never adds threads of its own to the ones
+// our kernels use.
 #pragma once
 
 namespace lbbsp::models {

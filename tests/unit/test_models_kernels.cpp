@@ -9,6 +9,8 @@
 #include "models/activation.hpp"
 #include "models/conv.hpp"
 #include "models/dense.hpp"
+#include "models/gemm.hpp"
+#include "models/model.hpp"
 #include "models/pool.hpp"
 #include "models/softmax_xent.hpp"
 #include "test_models_util.hpp"
@@ -24,6 +26,40 @@ struct DenseCase {
   int n, in, out;
 };
 const DenseCase kDenseCases[] = {{0, 5, 3}, {1, 1, 1}, {1, 7, 3}, {5, 13, 11}, {33, 17, 129}, {64, 784, 256}};
+
+// gemm against a plain triple loop on 1 and 2 threads, every transpose, shapes large enough to be split by
+// rows (m >= n) and by columns (m < n), with beta accumulating into C.
+TEST(GemmKernel, SplitByRowsOrColumnsMatchesReference) {
+  struct Shape {
+    int m, n, k;
+  };
+  for (Shape sh : {Shape{300, 120, 160}, Shape{32, 256, 784}, Shape{31, 257, 600}}) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        const int lda = ta ? sh.m : sh.k, ldb = tb ? sh.k : sh.n;
+        std::mt19937_64 rng(7);
+        const auto a = random_floats(size_t(sh.m) * sh.k, rng), b = random_floats(size_t(sh.k) * sh.n, rng);
+        const auto c0 = random_floats(size_t(sh.m) * sh.n, rng);
+        std::vector<float> want = c0;
+        for (int i = 0; i < sh.m; ++i)
+          for (int j = 0; j < sh.n; ++j) {
+            double sum = 0;
+            for (int p = 0; p < sh.k; ++p)
+              sum += double(ta ? a[p * lda + i] : a[i * lda + p]) * (tb ? b[j * ldb + p] : b[p * ldb + j]);
+            want[i * sh.n + j] = float(0.5 * sum + 0.25 * c0[i * sh.n + j]);
+          }
+        for (int threads : {1, 2}) {
+          set_num_threads(threads);
+          std::vector<float> c = c0;
+          gemm(ta, tb, sh.m, sh.n, sh.k, 0.5f, a.data(), lda, b.data(), ldb, 0.25f, c.data(), sh.n);
+          EXPECT_TRUE(all_close(c, want, 1e-4)) << sh.m << "x" << sh.n << "x" << sh.k << " ta " << ta
+                                                << " tb " << tb << ", " << threads << " thread(s)";
+        }
+      }
+    }
+  }
+  set_num_threads(1);
+}
 
 TEST(DenseKernel, ForwardMatchesReference) {
   std::mt19937_64 rng(1);
