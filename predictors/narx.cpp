@@ -14,7 +14,6 @@ constexpr double kStatsAlpha = 0.01;  // online normalisation: ~100-step memory 
 constexpr double kMseAlpha = 0.05;    // candidate scoring: ~20-step memory
 constexpr double kClipInput = 6.0;    // normalised inputs and targets are clipped (outlier robustness)
 constexpr double kWeightDecay = 1e-4;
-constexpr double kLinClip = 4.0;  // linear model: residuals winsorised at this many running std devs
 // Proportional models (candidates kRatioSlow, kRatioFast): alphas of their EMAs of speed / u.
 constexpr std::array<double, 2> kRatioAlphas = {0.05, 0.15};
 // Candidate scoring: a proportional model's squared error on a step where its input moved right after it
@@ -41,8 +40,8 @@ void ew_update(double& mean, double& var, double value, int64_t count) {
 // thousands keeps it in L1 instead of streaming a cold copy per worker; grown on demand, never shrunk.
 struct Scratch {
   std::vector<float> grad, hid, dh;
-  std::vector<double> exo_clean, lin;
-  std::vector<int> idx, active;
+  std::vector<double> exo_clean;
+  std::vector<int> idx;
   template <class T>
   static T* fit(std::vector<T>& v, size_t n) {
     if (v.size() < n) v.resize(n);
@@ -58,8 +57,6 @@ struct Scratch {
     return fit(hid, static_cast<size_t>(h));
   }
   double* exo(int n) { return fit(exo_clean, static_cast<size_t>(n)); }
-  double* linear(size_t n) { return fit(lin, n); }
-  int* active_inputs(int n) { return fit(active, static_cast<size_t>(n)); }
   int* indices(int n) { return fit(idx, static_cast<size_t>(n)); }
 };
 
@@ -68,10 +65,7 @@ Scratch& scratch() {
   return s;
 }
 
-}  // namespace
-
-NarxPredictor::NarxPredictor(const NarxOptions& o, int num_exo, uint64_t seed)
-    : options_(o), num_exo_(num_exo), rng_(seed ^ 0x6E617278ull) {
+void validate(const NarxOptions& o, int num_exo) {
   if (o.dy < 1 || o.dy > 64) throw std::invalid_argument("narx dy must be in [1, 64]");
   if (o.du < 0 || o.du > 64) throw std::invalid_argument("narx du must be in [0, 64]");
   if (o.hidden < 1 || o.hidden > 1024) throw std::invalid_argument("narx hidden must be in [1, 1024]");
@@ -84,6 +78,21 @@ NarxPredictor::NarxPredictor(const NarxOptions& o, int num_exo, uint64_t seed)
   if (!(o.ridge >= 0 && o.ridge <= 1e6)) throw std::invalid_argument("narx ridge must be in [0, 1e6]");
   if (o.ratio < -1 || o.ratio > 4096) throw std::invalid_argument("narx ratio must be in [-1, 4096]");
   if (num_exo < 0) throw std::invalid_argument("narx num_exo must be >= 0");
+}
+
+// Validates before any member is sized (the linear model is a member, sized from num_exo).
+const NarxOptions& validated(const NarxOptions& o, int num_exo) {
+  validate(o, num_exo);
+  return o;
+}
+
+}  // namespace
+
+NarxPredictor::NarxPredictor(const NarxOptions& o, int num_exo, uint64_t seed)
+    : options_(validated(o, num_exo)),
+      num_exo_(num_exo),
+      rng_(seed ^ 0x6E617278ull),
+      linear_(num_exo, o.forget, o.ridge) {
   const int n_in = num_inputs(), h = o.hidden;
   params_.assign(num_params(), 0.0f);
   const double w1_scale = 1.0 / std::sqrt(static_cast<double>(n_in));
@@ -102,9 +111,6 @@ NarxPredictor::NarxPredictor(const NarxOptions& o, int num_exo, uint64_t seed)
   pending_x_.assign(n_in, 0.0f);
   buffer_x_.assign(static_cast<size_t>(o.window) * n_in, 0.0f);
   buffer_y_.assign(o.window, 0.0f);
-  lin_u_mean_.assign(num_exo, 0.0);
-  lin_uu_.assign(static_cast<size_t>(num_exo) * num_exo, 0.0);
-  lin_uy_.assign(num_exo, 0.0);
   pending_u_.assign(num_exo, 0.0);
 }
 
@@ -192,7 +198,7 @@ void NarxPredictor::prepare(const double* exo_next) {
                         ? std::clamp(next[k], exo_mean_[k] - kClipInput * sd, exo_mean_[k] + kClipInput * sd)
                         : next[k];
   }
-  c[kLinear] = linear_forecast(pending_u_.data(), base);
+  c[kLinear] = linear_.forecast(pending_u_.data(), base, 0.5 * recent_lo_, 1.5 * recent_hi_);
   for (int i = 0; i < kRatios; ++i) {
     const double u = ratio_active() ? pending_u_[options_.ratio] : 0.0;
     const double y = ratio_[i] * u;
@@ -224,7 +230,7 @@ void NarxPredictor::observe(double speed, const std::vector<double>& exo) {
   y_lags_[0] = speed;
   if (scored) {
     learn_ratios(speed, score_candidates(speed, exo));
-    learn_linear(speed);
+    linear_.learn(pending_u_.data(), speed, pending_candidates_[kLinear]);
   }
   update_levels(speed);
   train(plan);
@@ -300,19 +306,6 @@ void NarxPredictor::learn_ratios(double speed, const std::array<double, kRatios>
   }
 }
 
-// The linear model learns from the scored step, its residual winsorised at kLinClip running standard
-// deviations of its (winsorised) residuals once warmed up, floored relative to the level: a burst of 1000x
-// glitches moves it little, a lasting change widens the band geometrically until it is followed.
-void NarxPredictor::learn_linear(double speed) {
-  const double pred = pending_candidates_[kLinear];
-  const bool warm = lin_weight_ >= 8;
-  const double bound = kLinClip * std::max(std::sqrt(lin_resid_var_), 1e-3 * std::abs(pred));
-  const double r = warm ? std::clamp(speed - pred, -bound, bound) : speed - pred;
-  linear_update(pending_u_.data(), pred + r);
-  lin_resid_var_ += (warm ? kMseAlpha : 1 / std::max(lin_weight_, 1.0)) * (r * r - lin_resid_var_);
-  if (!std::isfinite(lin_resid_var_)) lin_resid_var_ = 0;
-}
-
 // A good speed: the running statistics, last value, EMAs and the band of recent speeds.
 void NarxPredictor::update_levels(double speed) {
   ++good_;
@@ -345,84 +338,6 @@ void NarxPredictor::train(TrainPlan plan) {
       at = 0;
     }
     train_step(scratch().idx.data() + static_cast<size_t>(at) * plan.batch, plan.batch);
-  }
-}
-
-double NarxPredictor::linear_forecast(const double* u, double fallback) const {
-  if (!(lin_weight_ > 0)) return fallback;
-  const int k = num_exo_;
-  // Inputs that vary (relative to their level) enter standardised, with the ridge on their slopes; the
-  // normal equations are solved by Cholesky (k is the handful of exogenous inputs).
-  int* active = scratch().active_inputs(k);
-  double* sd = scratch().linear(static_cast<size_t>(k) * (k + 2));
-  double* a = sd + k;  // m x m, then the right-hand side
-  int m = 0;
-  for (int i = 0; i < k; ++i) {
-    const double var = lin_uu_[static_cast<size_t>(i) * k + i];
-    if (var > lin_weight_ * (1e-10 * lin_u_mean_[i] * lin_u_mean_[i] + 1e-300)) {
-      active[m] = i;
-      sd[m++] = std::sqrt(var);
-    }
-  }
-  double y = lin_y_mean_;
-  if (m > 0) {
-    double* b = a + static_cast<size_t>(m) * m;
-    const double ridge = std::max(options_.ridge, 1e-9);
-    for (int p = 0; p < m; ++p) {
-      for (int q = 0; q <= p; ++q)
-        a[p * m + q] =
-            lin_uu_[static_cast<size_t>(active[p]) * k + active[q]] / (sd[p] * sd[q]) + (p == q ? ridge : 0);
-      b[p] = lin_uy_[active[p]] / sd[p];
-    }
-    // Lower Cholesky factor in place, then forward and back substitution into b.
-    for (int p = 0; p < m; ++p) {
-      for (int q = 0; q <= p; ++q) {
-        double v = a[p * m + q];
-        for (int r = 0; r < q; ++r) v -= a[p * m + r] * a[q * m + r];
-        if (p == q) {
-          if (!(v > 0)) return std::isfinite(y) ? y : fallback;
-          a[p * m + p] = std::sqrt(v);
-        } else {
-          a[p * m + q] = v / a[q * m + q];
-        }
-      }
-    }
-    for (int p = 0; p < m; ++p) {
-      for (int r = 0; r < p; ++r) b[p] -= a[p * m + r] * b[r];
-      b[p] /= a[p * m + p];
-    }
-    for (int p = m - 1; p >= 0; --p) {
-      for (int r = p + 1; r < m; ++r) b[p] -= a[r * m + p] * b[r];
-      b[p] /= a[p * m + p];
-    }
-    for (int p = 0; p < m; ++p) y += b[p] / sd[p] * (u[active[p]] - lin_u_mean_[active[p]]);
-  }
-  // Within the band the final forecast is clipped to, so its scored error stays finite.
-  return std::isfinite(y) ? std::clamp(y, 0.5 * recent_lo_, 1.5 * recent_hi_) : fallback;
-}
-
-void NarxPredictor::linear_update(const double* u, double speed) {
-  const int k = num_exo_;
-  const double f = options_.forget;
-  lin_weight_ = f * lin_weight_ + 1;
-  const double a = 1 / lin_weight_, keep = 1 - a;
-  double* d = scratch().linear(static_cast<size_t>(k));
-  bool finite = std::isfinite(lin_weight_);
-  for (int i = 0; i < k; ++i) d[i] = u[i] - lin_u_mean_[i];
-  const double dy = speed - lin_y_mean_;
-  for (int i = 0; i < k; ++i) {
-    double* row = lin_uu_.data() + static_cast<size_t>(i) * k;
-    for (int j = 0; j < k; ++j) row[j] = f * row[j] + keep * d[i] * d[j];
-    lin_uy_[i] = f * lin_uy_[i] + keep * d[i] * dy;
-    lin_u_mean_[i] += a * d[i];
-    finite = finite && std::isfinite(row[i]) && std::isfinite(lin_uy_[i]) && std::isfinite(lin_u_mean_[i]);
-  }
-  lin_y_mean_ += a * dy;
-  if (!finite || !std::isfinite(lin_y_mean_)) {  // overflowed (absurd but finite inputs): start afresh
-    lin_weight_ = lin_y_mean_ = lin_resid_var_ = 0;
-    std::fill(lin_u_mean_.begin(), lin_u_mean_.end(), 0.0);
-    std::fill(lin_uu_.begin(), lin_uu_.end(), 0.0);
-    std::fill(lin_uy_.begin(), lin_uy_.end(), 0.0);
   }
 }
 
@@ -494,9 +409,7 @@ void NarxPredictor::prefetch() const {
   prefetch_all(exo_var_);
   prefetch_all(exo_count_);
   prefetch_all(pending_x_);
-  prefetch_all(lin_u_mean_);
-  prefetch_all(lin_uu_);
-  prefetch_all(lin_uy_);
+  linear_.prefetch();
   prefetch_all(pending_u_);
 }
 
@@ -567,12 +480,7 @@ std::string NarxPredictor::save_state() const {
   w.put_vector(buffer_y_);
   w.put(buffer_count_);
   w.put(buffer_head_);
-  w.put(lin_weight_);
-  w.put(lin_y_mean_);
-  w.put(lin_resid_var_);
-  w.put_vector(lin_u_mean_);
-  w.put_vector(lin_uu_);
-  w.put_vector(lin_uy_);
+  linear_.save(w);
   w.put_vector(pending_u_);
   w.put(ratio_);
   return w.str();
@@ -752,12 +660,7 @@ void NarxPredictor::read_window(StateReader& r, int version) {
 // The exogenous linear model (narx/3 on) and the proportional models (narx/4).
 void NarxPredictor::read_exo_models(StateReader& r, int version) {
   if (version >= 3) {
-    lin_weight_ = r.get<double>();
-    lin_y_mean_ = r.get<double>();
-    lin_resid_var_ = r.get<double>();
-    same_size(lin_u_mean_, r.get_vector<double>());
-    same_size(lin_uu_, r.get_vector<double>());
-    same_size(lin_uy_, r.get_vector<double>());
+    linear_.load(r);
     same_size(pending_u_, r.get_vector<double>());
     if (version >= 4) ratio_ = r.get<std::array<double, kRatios>>();
   } else if (pending_) {

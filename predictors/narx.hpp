@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "predictors/cache_aligned.hpp"
+#include "predictors/narx_exo.hpp"
 #include "predictors/predictor.hpp"
 #include "predictors/state_io.hpp"
 
@@ -96,7 +97,6 @@ class NarxPredictor final : public Predictor {
   void shift_exo_lags(const std::vector<double>& exo);
   std::array<double, kRatios> score_candidates(double speed, const std::vector<double>& exo);
   void learn_ratios(double speed, const std::array<double, kRatios>& ratio_u);
-  void learn_linear(double speed);
   void update_levels(double speed);
   void train(TrainPlan plan);
   void blend_weights(double* w, int count) const;
@@ -108,9 +108,6 @@ class NarxPredictor final : public Predictor {
   void read_window(StateReader& r, int version);
   void read_exo_models(StateReader& r, int version);
   bool ratio_active() const { return options_.ratio >= 0 && options_.ratio < num_exo_; }
-  // The linear model's forecast for regressors u (num_exo values), or `fallback` before it has data.
-  double linear_forecast(const double* u, double fallback) const;
-  void linear_update(const double* u, double speed);
 
   NarxOptions options_;
   int num_exo_;
@@ -142,11 +139,9 @@ class NarxPredictor final : public Predictor {
   std::array<double, kCandidates> pending_candidates_{};
   double pending_base_ = 0, pending_scale_ = 1, last_prediction_ = 0;
 
-  // Exogenous linear model: exponentially weighted total weight, means of the regressors and the speed,
-  // scatter matrix of the regressors (num_exo x num_exo) and their cross scatter with the speed; the
-  // regressors of the pending forecast.
-  double lin_weight_ = 0, lin_y_mean_ = 0, lin_resid_var_ = 0;  // and its residuals' running variance
-  std::vector<double> lin_u_mean_, lin_uu_, lin_uy_, pending_u_;
+  // The exogenous linear model (narx_exo.hpp) and the regressors of its pending forecast.
+  ExoLinearModel linear_;
+  std::vector<double> pending_u_;
   // Proportional models: speed per unit of the ratio input (0 until the first good step scored).
   std::array<double, kRatios> ratio_{};
 

@@ -1,13 +1,16 @@
-// NARX in parts: the network kernels (the AVX2+FMA versions against the scalar reference), and a state saved
-// by today's format (narx/4) that must load, save back byte for byte and predict as it did when recorded.
+// NARX in parts: the network kernels (the AVX2+FMA versions against the scalar reference), the exogenous
+// linear model on its own, and a state saved by today's format (narx/4) that must load, save back byte for
+// byte and predict as it did when recorded.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "predictors/narx_exo.hpp"
 #include "predictors/narx_kernels.hpp"
 #include "predictors/predictor.hpp"
 #include "predictors/state_io.hpp"
@@ -15,6 +18,8 @@
 namespace {
 
 using lbbsp::predictors::Rng;
+using lbbsp::predictors::StateReader;
+using lbbsp::predictors::StateWriter;
 namespace narx = lbbsp::predictors::narx;
 
 // Weights and inputs of the scale the predictor feeds the kernels (inputs normalised and clipped to +-6).
@@ -83,6 +88,34 @@ TEST(NarxKernels, SimdGradientMatchesTheScalarReference) {
         ASSERT_NEAR(gs[k], gr[k], kSimdTolerance * (1 + scale))
             << "h " << h << " n_in " << n_in << " at " << k;
     }
+}
+
+// ---- the exogenous linear model on its own ----
+
+TEST(NarxExoLinearModel, LearnsALinearSpeedAndItsStateRoundTrips) {
+  using lbbsp::predictors::ExoLinearModel;
+  ExoLinearModel model(2, 0.98, 0.01);
+  const double none[2] = {0.5, 0.3};
+  EXPECT_EQ(model.forecast(none, 42.0, 0, 1e9), 42.0);  // no data yet: the fallback
+  for (int t = 0; t < 200; ++t) {
+    const double u[2] = {0.5 + 0.4 * std::sin(0.37 * t), 0.3};  // the second input never varies
+    const double speed = 20 + 60 * u[0];
+    model.learn(u, speed, model.forecast(u, 50.0, 0, 1e9));
+  }
+  const double u[2] = {0.8, 0.3};
+  const double y = model.forecast(u, 50.0, 0, 1e9);
+  EXPECT_NEAR(y, 68.0, 0.5);
+  EXPECT_EQ(model.forecast(u, 50.0, 10, 60), 60.0);  // within the band it is given
+  StateWriter w("exo");
+  model.save(w);
+  const std::string saved = w.str();  // StateReader keeps a reference to its input
+  ExoLinearModel loaded(2, 0.98, 0.01), other_size(3, 0.98, 0.01);
+  StateReader r(saved, "exo");
+  loaded.load(r);
+  r.finish();
+  EXPECT_EQ(loaded.forecast(u, 50.0, 0, 1e9), y);
+  StateReader r3(saved, "exo");
+  EXPECT_THROW(other_size.load(r3), std::invalid_argument);
 }
 
 // ---- a narx/4 state saved before the split into files (tests/fixtures/predictors_narx4_state.hex) ----
