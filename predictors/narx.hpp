@@ -100,7 +100,13 @@ class NarxPredictor final : public Predictor {
   void update_levels(double speed);
   void train(TrainPlan plan);
   void blend_weights(double* w, int count) const;
-  // load_state() in steps, in the order of the saved state; `version` is the N of its "narx/N" tag.
+  // save_state() and load_state() in steps, in the order of the saved state (narx_state.cpp); `version` is
+  // the N of its "narx/N" tag.
+  void write_network(StateWriter& w) const;
+  void write_levels(StateWriter& w) const;
+  void write_forecasts(StateWriter& w) const;
+  void write_window(StateWriter& w) const;
+  void write_exo_models(StateWriter& w) const;
   void read_network(StateReader& r, int version);
   void read_levels(StateReader& r);
   std::array<double, kCandidates> read_candidates(StateReader& r, int version, bool as_mse, double fill);
