@@ -1,3 +1,5 @@
+// NarxPredictor: the ensemble (forecast and blend, scoring, Adam training, observe). The network's kernels
+// are in narx_kernels.hpp, the exogenous linear model in narx_exo.cpp, the saved state in narx_state.cpp.
 #include "predictors/narx.hpp"
 
 #include <algorithm>
@@ -86,6 +88,12 @@ const NarxOptions& validated(const NarxOptions& o, int num_exo) {
   return o;
 }
 
+template <class T>
+void prefetch_all(const std::vector<T>& v) {
+  const char* p = reinterpret_cast<const char*>(v.data());
+  for (size_t at = 0; at < v.size() * sizeof(T); at += 64) __builtin_prefetch(p + at);
+}
+
 }  // namespace
 
 NarxPredictor::NarxPredictor(const NarxOptions& o, int num_exo, uint64_t seed)
@@ -129,6 +137,24 @@ void NarxPredictor::update_exo_stats(const std::vector<double>& exo) {
     if (std::isfinite(exo[k])) ew_update(exo_mean_[k], exo_var_[k], exo[k], ++exo_count_[k]);
 }
 
+// ---- forecasting: the candidates for the coming step, and their blend ----
+
+double NarxPredictor::predict(const std::vector<double>& exo_next) {
+  if (good_ == 0) return kDefaultSpeed;
+  if (static_cast<int>(exo_next.size()) == num_exo_ && num_exo_ > 0)
+    prepare(exo_next.data());
+  else if (stale_)
+    prepare(nullptr);
+  double w[kCandidates];
+  blend_weights(w, kCandidates);
+  double y = 0;
+  for (int i = 0; i < kCandidates; ++i) y += w[i] * pending_candidates_[i];
+  // Within a band around recently seen speeds (lo > 0: only good speeds enter recent_).
+  y = std::isfinite(y) ? std::clamp(y, 0.5 * recent_lo_, 1.5 * recent_hi_) : last_;
+  last_prediction_ = y;
+  return y;
+}
+
 void NarxPredictor::blend_weights(double* w, int count) const {
   // Without a ratio input the proportional models take no part.
   const bool skip_ratio = !ratio_active() && count > kBase;
@@ -151,21 +177,48 @@ void NarxPredictor::blend_weights(double* w, int count) const {
   for (int i = 0; i < count; ++i) w[i] /= total;
 }
 
-// One sample through the network; hidden receives the tanh activations.
-float NarxPredictor::forward(const float* x, float* hidden) const {
-  return narx::forward(params_.data(), num_inputs(), options_.hidden, x, hidden);
-}
-
 void NarxPredictor::prepare(const double* exo_next) {
   std::array<double, kCandidates> c{};
   c[kLast] = last_;
   for (int e = 0; e < kEmas; ++e) c[kEmaFast + e] = ema_[e];
-  double w[kCandidates];
-  blend_weights(w, kBase);  // the base forecast: kLast and the EMAs, blended
-  double base = 0;
-  for (int i = 0; i < kBase; ++i) base += w[i] * c[i];
+  const double base = base_forecast(c);
   // Scale: the speed's running std, floored relative to its level so near-constant series stay well posed.
   const double scale = std::max(std::sqrt(y_var_), 1e-3 * std::abs(y_mean_) + 1e-12);
+  const double* next = coming_exo(exo_next);
+  fill_network_inputs(base, scale, next);
+  c[kNet] = base + scale * static_cast<double>(forward(pending_x_.data(), scratch().hidden(options_.hidden)));
+  fill_regressors(next);
+  c[kLinear] = linear_.forecast(pending_u_.data(), base, 0.5 * recent_lo_, 1.5 * recent_hi_);
+  forecast_ratios(c, base);
+  pending_candidates_ = c;
+  pending_base_ = base;
+  pending_scale_ = scale;
+  pending_ = true;
+  stale_ = false;
+}
+
+// The base forecast: kLast and the EMAs, blended.
+double NarxPredictor::base_forecast(const std::array<double, kCandidates>& c) const {
+  double w[kCandidates];
+  blend_weights(w, kBase);
+  double base = 0;
+  for (int i = 0; i < kBase; ++i) base += w[i] * c[i];
+  return base;
+}
+
+// The coming step's exogenous values. Without them, the last measured ones stand in (persistence); missing
+// or bad entries read as their running mean.
+const double* NarxPredictor::coming_exo(const double* exo_next) const {
+  if (exo_next) {
+    double* clean = scratch().exo(num_exo_);
+    for (int k = 0; k < num_exo_; ++k) clean[k] = std::isfinite(exo_next[k]) ? exo_next[k] : exo_mean_[k];
+    return clean;
+  }
+  return options_.du > 0 ? exo_lags_.data() : exo_mean_.data();
+}
+
+// The network's inputs (num_inputs(), normalised and clipped) into pending_x_.
+void NarxPredictor::fill_network_inputs(double base, double scale, const double* next) {
   float* x = pending_x_.data();
   int at = 0;
   for (int k = 0; k < options_.dy; ++k)
@@ -177,40 +230,38 @@ void NarxPredictor::prepare(const double* exo_next) {
       x[at++] = exo_var_[k] > 0 ? static_cast<float>(clip((u[k] - exo_mean_[k]) / sd, kClipInput)) : 0.0f;
     }
   };
-  // Without values for the coming step, the last measured ones stand in (persistence); missing or bad
-  // entries read as their running mean.
-  const double* next = exo_mean_.data();
-  if (exo_next) {
-    double* clean = scratch().exo(num_exo_);
-    for (int k = 0; k < num_exo_; ++k) clean[k] = std::isfinite(exo_next[k]) ? exo_next[k] : exo_mean_[k];
-    next = clean;
-  } else if (options_.du > 0) {
-    next = exo_lags_.data();
-  }
   put_exo(next);
   for (int l = 0; l < options_.du; ++l) put_exo(exo_lags_.data() + static_cast<size_t>(l) * num_exo_);
-  c[kNet] = base + scale * static_cast<double>(forward(x, scratch().hidden(options_.hidden)));
-  // The linear model's regressors: the same values, winsorised like the network's inputs (at +-6 running
-  // standard deviations), so one wild reading can neither dominate its fit nor its forecast.
+}
+
+// The exogenous models' regressors: the coming values, winsorised like the network's inputs (at +-6 running
+// standard deviations), so one wild reading can neither dominate their fit nor their forecast.
+void NarxPredictor::fill_regressors(const double* next) {
   for (int k = 0; k < num_exo_; ++k) {
     const double sd = std::sqrt(exo_var_[k]);
     pending_u_[k] = exo_var_[k] > 0
                         ? std::clamp(next[k], exo_mean_[k] - kClipInput * sd, exo_mean_[k] + kClipInput * sd)
                         : next[k];
   }
-  c[kLinear] = linear_.forecast(pending_u_.data(), base, 0.5 * recent_lo_, 1.5 * recent_hi_);
+}
+
+// The proportional models' forecasts, within the band (the base until they have a ratio and a positive
+// input).
+void NarxPredictor::forecast_ratios(std::array<double, kCandidates>& c, double base) const {
   for (int i = 0; i < kRatios; ++i) {
     const double u = ratio_active() ? pending_u_[options_.ratio] : 0.0;
     const double y = ratio_[i] * u;
     c[kRatioSlow + i] =
         u > 0 && ratio_[i] > 0 && std::isfinite(y) ? std::clamp(y, 0.5 * recent_lo_, 1.5 * recent_hi_) : base;
   }
-  pending_candidates_ = c;
-  pending_base_ = base;
-  pending_scale_ = scale;
-  pending_ = true;
-  stale_ = false;
 }
+
+// One sample through the network; hidden receives the tanh activations.
+float NarxPredictor::forward(const float* x, float* hidden) const {
+  return narx::forward(params_.data(), num_inputs(), options_.hidden, x, hidden);
+}
+
+// ---- observing: scoring, the levels and the exogenous models learn, the network trains ----
 
 void NarxPredictor::observe(double speed, const std::vector<double>& exo) {
   if (stale_) prepare(nullptr);  // no predict() since the last observation: score the persistence forecast
@@ -245,19 +296,6 @@ void NarxPredictor::add_to_window(double speed) {
   buffer_y_[buffer_head_] = static_cast<float>(clip((speed - pending_base_) / pending_scale_, kClipInput));
   buffer_head_ = (buffer_head_ + 1) % options_.window;
   buffer_count_ = std::min(buffer_count_ + 1, options_.window);
-}
-
-// Draws this observation's training batches first (the same random sequence as drawing them step by step: the
-// window does not change while training) and prefetches their rows: with thousands of workers the window is
-// rarely in cache, and the misses then overlap with the bookkeeping before train().
-NarxPredictor::TrainPlan NarxPredictor::plan_training() {
-  TrainPlan plan;
-  plan.batch = std::min(options_.batch, buffer_count_);
-  plan.steps = buffer_count_ > 0 ? options_.epochs : 0;
-  plan.steps_per_draw = std::max(1, kMaxDrawn / std::max(plan.batch, 1));
-  plan.drawn = std::min(plan.steps, plan.steps_per_draw);
-  draw_batches(plan.drawn, plan.batch);
-  return plan;
 }
 
 void NarxPredictor::shift_exo_lags(const std::vector<double>& exo) {
@@ -329,16 +367,25 @@ void NarxPredictor::update_levels(double speed) {
   }
 }
 
-// The planned gradient steps; the first group of batches was drawn by plan_training().
-void NarxPredictor::train(TrainPlan plan) {
-  for (int s = 0, at = 0; s < plan.steps; ++s, ++at) {
-    if (at == plan.drawn) {  // more steps than kMaxDrawn samples: draw the next group
-      plan.drawn = std::min(plan.steps - s, plan.steps_per_draw);
-      draw_batches(plan.drawn, plan.batch);
-      at = 0;
-    }
-    train_step(scratch().idx.data() + static_cast<size_t>(at) * plan.batch, plan.batch);
-  }
+void NarxPredictor::update_band() {
+  auto [lo, hi] = std::minmax_element(recent_.begin(), recent_.end());
+  recent_lo_ = *lo;
+  recent_hi_ = *hi;
+}
+
+// ---- training: batches from the window, gradient steps by Adam ----
+
+// Draws this observation's training batches first (the same random sequence as drawing them step by step: the
+// window does not change while training) and prefetches their rows: with thousands of workers the window is
+// rarely in cache, and the misses then overlap with the bookkeeping before train().
+NarxPredictor::TrainPlan NarxPredictor::plan_training() {
+  TrainPlan plan;
+  plan.batch = std::min(options_.batch, buffer_count_);
+  plan.steps = buffer_count_ > 0 ? options_.epochs : 0;
+  plan.steps_per_draw = std::max(1, kMaxDrawn / std::max(plan.batch, 1));
+  plan.drawn = std::min(plan.steps, plan.steps_per_draw);
+  draw_batches(plan.drawn, plan.batch);
+  return plan;
 }
 
 void NarxPredictor::draw_batches(int steps, int batch) {
@@ -355,6 +402,18 @@ void NarxPredictor::draw_batches(int steps, int batch) {
   }
 }
 
+// The planned gradient steps; the first group of batches was drawn by plan_training().
+void NarxPredictor::train(TrainPlan plan) {
+  for (int s = 0, at = 0; s < plan.steps; ++s, ++at) {
+    if (at == plan.drawn) {  // more steps than kMaxDrawn samples: draw the next group
+      plan.drawn = std::min(plan.steps - s, plan.steps_per_draw);
+      draw_batches(plan.drawn, plan.batch);
+      at = 0;
+    }
+    train_step(scratch().idx.data() + static_cast<size_t>(at) * plan.batch, plan.batch);
+  }
+}
+
 void NarxPredictor::train_step(const int* idx, int batch) {
   const int n_in = num_inputs(), h = options_.hidden;
   Scratch& sc = scratch();
@@ -367,6 +426,11 @@ void NarxPredictor::train_step(const int* idx, int batch) {
     const float* x = buffer_x_.data() + static_cast<size_t>(idx[b]) * n_in;
     narx::accumulate(w, n_in, h, x, buffer_y_[idx[b]], weight, grad, hidden, dh);
   }
+  adam_update(grad);
+}
+
+// One Adam step on the parameters, the weight decay (L2) added to the gradient.
+void NarxPredictor::adam_update(const float* __restrict grad) {
   ++adam_steps_;
   // Bias corrections from the running powers b1^t, b2^t (no pow per step).
   adam_b1t_ = adam_b1t_ < 1e-30 ? 0.0 : adam_b1t_ * 0.9;  // flushed to 0 before it turns denormal
@@ -386,14 +450,6 @@ void NarxPredictor::train_step(const int* idx, int batch) {
   }
 }
 
-namespace {
-template <class T>
-void prefetch_all(const std::vector<T>& v) {
-  const char* p = reinterpret_cast<const char*>(v.data());
-  for (size_t at = 0; at < v.size() * sizeof(T); at += 64) __builtin_prefetch(p + at);
-}
-}  // namespace
-
 void NarxPredictor::prefetch() const {
   // Everything an update reads in full (the window rows are prefetched when the batches are drawn).
   const char* self = reinterpret_cast<const char*>(this);
@@ -411,28 +467,6 @@ void NarxPredictor::prefetch() const {
   prefetch_all(pending_x_);
   linear_.prefetch();
   prefetch_all(pending_u_);
-}
-
-void NarxPredictor::update_band() {
-  auto [lo, hi] = std::minmax_element(recent_.begin(), recent_.end());
-  recent_lo_ = *lo;
-  recent_hi_ = *hi;
-}
-
-double NarxPredictor::predict(const std::vector<double>& exo_next) {
-  if (good_ == 0) return kDefaultSpeed;
-  if (static_cast<int>(exo_next.size()) == num_exo_ && num_exo_ > 0)
-    prepare(exo_next.data());
-  else if (stale_)
-    prepare(nullptr);
-  double w[kCandidates];
-  blend_weights(w, kCandidates);
-  double y = 0;
-  for (int i = 0; i < kCandidates; ++i) y += w[i] * pending_candidates_[i];
-  // Within a band around recently seen speeds (lo > 0: only good speeds enter recent_).
-  y = std::isfinite(y) ? std::clamp(y, 0.5 * recent_lo_, 1.5 * recent_hi_) : last_;
-  last_prediction_ = y;
-  return y;
 }
 
 }  // namespace lbbsp::predictors

@@ -80,13 +80,20 @@ class NarxPredictor final : public Predictor {
   int num_inputs() const;
   int num_params() const;
   void update_exo_stats(const std::vector<double>& exo);
-  // Fills pending_* for the coming step (exo_next: its exogenous values, or null for persistence).
+  // Fills pending_* for the coming step (exo_next: its exogenous values, or null for persistence), in steps:
+  // the base forecast, the network's inputs, the exogenous models' regressors, the candidates.
   void prepare(const double* exo_next);
+  double base_forecast(const std::array<double, kCandidates>& c) const;
+  const double* coming_exo(const double* exo_next) const;
+  void fill_network_inputs(double base, double scale, const double* next);
+  void fill_regressors(const double* next);
+  void forecast_ratios(std::array<double, kCandidates>& c, double base) const;
   float forward(const float* x, float* hidden) const;
   void update_band();
   void draw_batches(int steps,
                     int batch);  // fills the scratch indices with `steps` batches, prefetches their rows
   void train_step(const int* idx, int batch);
+  void adam_update(const float* grad);
   // observe() in steps: the scored step joins the window, training is planned, candidates are scored, the
   // exogenous models and the levels learn, then the network trains.
   struct TrainPlan {  // one observation's gradient steps, their batches drawn kMaxDrawn samples at a time
