@@ -18,6 +18,9 @@
 // scales with the available CPU faster and with less noise than the linear model. Their misses on steps where
 // the input changed right after it was measured (and its new value explains the miss) are winsorised in their
 // score.
+//
+// The code: narx.cpp the ensemble; narx_kernels.hpp the network's kernels; narx_exo.{hpp,cpp} the exogenous
+// linear model; narx_state.cpp the saved state (narx/4) and the readers of the older formats.
 #pragma once
 #include <array>
 #include <cstdint>
