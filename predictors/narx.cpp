@@ -1,12 +1,12 @@
+// NarxPredictor: the ensemble (forecast and blend, scoring, Adam training, observe). The network's kernels
+// are in narx_kernels.hpp, the exogenous linear model in narx_exo.cpp, the saved state in narx_state.cpp.
 #include "predictors/narx.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
+#include "predictors/narx_kernels.hpp"
 
 namespace lbbsp::predictors {
 namespace {
@@ -16,7 +16,6 @@ constexpr double kStatsAlpha = 0.01;  // online normalisation: ~100-step memory 
 constexpr double kMseAlpha = 0.05;    // candidate scoring: ~20-step memory
 constexpr double kClipInput = 6.0;    // normalised inputs and targets are clipped (outlier robustness)
 constexpr double kWeightDecay = 1e-4;
-constexpr double kLinClip = 4.0;  // linear model: residuals winsorised at this many running std devs
 // Proportional models (candidates kRatioSlow, kRatioFast): alphas of their EMAs of speed / u.
 constexpr std::array<double, 2> kRatioAlphas = {0.05, 0.15};
 // Candidate scoring: a proportional model's squared error on a step where its input moved right after it
@@ -32,16 +31,6 @@ double clip(double v, double bound) {
   return std::clamp(v, -bound, bound);
 }
 
-// tanh by a [7/6] Pade approximant clamped at +-4.97 (abs. error < 1e-4 everywhere): several times
-// cheaper than std::tanh and vectorisable; the NARX update cost is dominated by it otherwise.
-inline float fast_tanh(float x) {
-  x = std::min(std::max(x, -4.97f), 4.97f);
-  const float x2 = x * x;
-  const float num = x * (135135.0f + x2 * (17325.0f + x2 * (378.0f + x2)));
-  const float den = 135135.0f + x2 * (62370.0f + x2 * (3150.0f + 28.0f * x2));
-  return std::min(std::max(num / den, -1.0f), 1.0f);
-}
-
 void ew_update(double& mean, double& var, double value, int64_t count) {
   const double a = std::max(1.0 / static_cast<double>(count), kStatsAlpha);
   const double delta = value - mean;
@@ -53,8 +42,8 @@ void ew_update(double& mean, double& var, double value, int64_t count) {
 // thousands keeps it in L1 instead of streaming a cold copy per worker; grown on demand, never shrunk.
 struct Scratch {
   std::vector<float> grad, hid, dh;
-  std::vector<double> exo_clean, lin;
-  std::vector<int> idx, active;
+  std::vector<double> exo_clean;
+  std::vector<int> idx;
   template <class T>
   static T* fit(std::vector<T>& v, size_t n) {
     if (v.size() < n) v.resize(n);
@@ -70,8 +59,6 @@ struct Scratch {
     return fit(hid, static_cast<size_t>(h));
   }
   double* exo(int n) { return fit(exo_clean, static_cast<size_t>(n)); }
-  double* linear(size_t n) { return fit(lin, n); }
-  int* active_inputs(int n) { return fit(active, static_cast<size_t>(n)); }
   int* indices(int n) { return fit(idx, static_cast<size_t>(n)); }
 };
 
@@ -80,134 +67,7 @@ Scratch& scratch() {
   return s;
 }
 
-// The network kernels. W1 is input-major: each input adds a broadcast multiple of one contiguous row to all
-// hidden pre-activations (independent lanes, no reduction chain). Portable scalar versions for any width,
-// AVX2+FMA versions for widths that are multiples of 8 (the defaults) where the compiler targets them.
-inline float net_forward(const float* __restrict w, int n_in, int h, const float* __restrict x,
-                         float* __restrict hidden) {
-  const float* __restrict b1 = w + h * n_in;
-  const float* __restrict w2 = b1 + h;
-  for (int j = 0; j < h; ++j) hidden[j] = b1[j];
-  for (int i = 0; i < n_in; ++i) {
-    const float xi = x[i];
-    const float* __restrict row = w + i * h;
-    for (int j = 0; j < h; ++j) hidden[j] += row[j] * xi;
-  }
-  float out = w2[h];  // b2
-  for (int j = 0; j < h; ++j) {
-    hidden[j] = fast_tanh(hidden[j]);
-    out += w2[j] * hidden[j];
-  }
-  return out;
-}
-
-// One sample's squared-error gradient (times `weight`) added to grad (same layout as the parameters).
-inline void net_accumulate(const float* __restrict w, int n_in, int h, const float* __restrict x,
-                           float target, float weight, float* __restrict grad, float* __restrict hidden,
-                           float* __restrict dh) {
-  const float d_out = (net_forward(w, n_in, h, x, hidden) - target) * weight;
-  const float* __restrict w2 = w + h * n_in + h;
-  float* __restrict g_b1 = grad + h * n_in;
-  float* __restrict g_w2 = g_b1 + h;
-  g_w2[h] += d_out;
-  for (int j = 0; j < h; ++j) {
-    g_w2[j] += d_out * hidden[j];
-    dh[j] = d_out * w2[j] * (1 - hidden[j] * hidden[j]);
-    g_b1[j] += dh[j];
-  }
-  for (int i = 0; i < n_in; ++i) {
-    const float xi = x[i];
-    float* __restrict row = grad + i * h;
-    for (int j = 0; j < h; ++j) row[j] += xi * dh[j];
-  }
-}
-
-#if defined(__AVX2__) && defined(__FMA__)
-inline __m256 tanh8(__m256 x) {  // fast_tanh on 8 lanes
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-4.97f)), _mm256_set1_ps(4.97f));
-  const __m256 x2 = _mm256_mul_ps(x, x);
-  __m256 num = _mm256_add_ps(x2, _mm256_set1_ps(378.0f));
-  num = _mm256_fmadd_ps(x2, num, _mm256_set1_ps(17325.0f));
-  num = _mm256_fmadd_ps(x2, num, _mm256_set1_ps(135135.0f));
-  num = _mm256_mul_ps(x, num);
-  __m256 den = _mm256_fmadd_ps(x2, _mm256_set1_ps(28.0f), _mm256_set1_ps(3150.0f));
-  den = _mm256_fmadd_ps(x2, den, _mm256_set1_ps(62370.0f));
-  den = _mm256_fmadd_ps(x2, den, _mm256_set1_ps(135135.0f));
-  const __m256 t = _mm256_div_ps(num, den);
-  return _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-1.0f)), _mm256_set1_ps(1.0f));
-}
-
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// V blocks of 8 hidden units (h = 8 V); two accumulators per block halve the FMA dependency chain.
-template <int V>
-inline float simd_forward(const float* __restrict w, int n_in, const float* __restrict x,
-                          float* __restrict hidden) {
-  constexpr int h = 8 * V;
-  const float* b1 = w + h * n_in;
-  const float* w2 = b1 + h;
-  __m256 a0[V], a1[V];
-  for (int v = 0; v < V; ++v) {
-    a0[v] = _mm256_loadu_ps(b1 + 8 * v);
-    a1[v] = _mm256_setzero_ps();
-  }
-  int i = 0;
-  for (; i + 1 < n_in; i += 2) {
-    const __m256 xa = _mm256_set1_ps(x[i]), xb = _mm256_set1_ps(x[i + 1]);
-    for (int v = 0; v < V; ++v) {
-      a0[v] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i * h + 8 * v), xa, a0[v]);
-      a1[v] = _mm256_fmadd_ps(_mm256_loadu_ps(w + (i + 1) * h + 8 * v), xb, a1[v]);
-    }
-  }
-  if (i < n_in) {
-    const __m256 xa = _mm256_set1_ps(x[i]);
-    for (int v = 0; v < V; ++v) a0[v] = _mm256_fmadd_ps(_mm256_loadu_ps(w + i * h + 8 * v), xa, a0[v]);
-  }
-  __m256 out = _mm256_setzero_ps();
-  for (int v = 0; v < V; ++v) {
-    const __m256 t = tanh8(_mm256_add_ps(a0[v], a1[v]));
-    _mm256_storeu_ps(hidden + 8 * v, t);
-    out = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + 8 * v), t, out);
-  }
-  return hsum8(out) + w2[h];
-}
-
-template <int V>
-inline void simd_accumulate(const float* __restrict w, int n_in, const float* __restrict x, float target,
-                            float weight, float* __restrict grad, float* __restrict hidden) {
-  constexpr int h = 8 * V;
-  const float d_out = (simd_forward<V>(w, n_in, x, hidden) - target) * weight;
-  const float* w2 = w + h * n_in + h;
-  float* g_b1 = grad + h * n_in;
-  float* g_w2 = g_b1 + h;
-  g_w2[h] += d_out;
-  const __m256 d = _mm256_set1_ps(d_out), one = _mm256_set1_ps(1.0f);
-  __m256 dh[V];
-  for (int v = 0; v < V; ++v) {
-    const __m256 t = _mm256_loadu_ps(hidden + 8 * v);
-    _mm256_storeu_ps(g_w2 + 8 * v, _mm256_fmadd_ps(d, t, _mm256_loadu_ps(g_w2 + 8 * v)));
-    dh[v] = _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(w2 + 8 * v)), _mm256_fnmadd_ps(t, t, one));
-    _mm256_storeu_ps(g_b1 + 8 * v, _mm256_add_ps(_mm256_loadu_ps(g_b1 + 8 * v), dh[v]));
-  }
-  for (int i = 0; i < n_in; ++i) {
-    const __m256 xi = _mm256_set1_ps(x[i]);
-    for (int v = 0; v < V; ++v) {
-      float* row = grad + i * h + 8 * v;
-      _mm256_storeu_ps(row, _mm256_fmadd_ps(xi, dh[v], _mm256_loadu_ps(row)));
-    }
-  }
-}
-#endif
-
-}  // namespace
-
-NarxPredictor::NarxPredictor(const NarxOptions& o, int num_exo, uint64_t seed)
-    : options_(o), num_exo_(num_exo), rng_(seed ^ 0x6E617278ull) {
+void validate(const NarxOptions& o, int num_exo) {
   if (o.dy < 1 || o.dy > 64) throw std::invalid_argument("narx dy must be in [1, 64]");
   if (o.du < 0 || o.du > 64) throw std::invalid_argument("narx du must be in [0, 64]");
   if (o.hidden < 1 || o.hidden > 1024) throw std::invalid_argument("narx hidden must be in [1, 1024]");
@@ -220,6 +80,27 @@ NarxPredictor::NarxPredictor(const NarxOptions& o, int num_exo, uint64_t seed)
   if (!(o.ridge >= 0 && o.ridge <= 1e6)) throw std::invalid_argument("narx ridge must be in [0, 1e6]");
   if (o.ratio < -1 || o.ratio > 4096) throw std::invalid_argument("narx ratio must be in [-1, 4096]");
   if (num_exo < 0) throw std::invalid_argument("narx num_exo must be >= 0");
+}
+
+// Validates before any member is sized (the linear model is a member, sized from num_exo).
+const NarxOptions& validated(const NarxOptions& o, int num_exo) {
+  validate(o, num_exo);
+  return o;
+}
+
+template <class T>
+void prefetch_all(const std::vector<T>& v) {
+  const char* p = reinterpret_cast<const char*>(v.data());
+  for (size_t at = 0; at < v.size() * sizeof(T); at += 64) __builtin_prefetch(p + at);
+}
+
+}  // namespace
+
+NarxPredictor::NarxPredictor(const NarxOptions& o, int num_exo, uint64_t seed)
+    : options_(validated(o, num_exo)),
+      num_exo_(num_exo),
+      rng_(seed ^ 0x6E617278ull),
+      linear_(num_exo, o.forget, o.ridge) {
   const int n_in = num_inputs(), h = o.hidden;
   params_.assign(num_params(), 0.0f);
   const double w1_scale = 1.0 / std::sqrt(static_cast<double>(n_in));
@@ -238,9 +119,6 @@ NarxPredictor::NarxPredictor(const NarxOptions& o, int num_exo, uint64_t seed)
   pending_x_.assign(n_in, 0.0f);
   buffer_x_.assign(static_cast<size_t>(o.window) * n_in, 0.0f);
   buffer_y_.assign(o.window, 0.0f);
-  lin_u_mean_.assign(num_exo, 0.0);
-  lin_uu_.assign(static_cast<size_t>(num_exo) * num_exo, 0.0);
-  lin_uy_.assign(num_exo, 0.0);
   pending_u_.assign(num_exo, 0.0);
 }
 
@@ -257,6 +135,24 @@ void NarxPredictor::update_exo_stats(const std::vector<double>& exo) {
   if (static_cast<int>(exo.size()) != num_exo_) return;
   for (int k = 0; k < num_exo_; ++k)
     if (std::isfinite(exo[k])) ew_update(exo_mean_[k], exo_var_[k], exo[k], ++exo_count_[k]);
+}
+
+// ---- forecasting: the candidates for the coming step, and their blend ----
+
+double NarxPredictor::predict(const std::vector<double>& exo_next) {
+  if (good_ == 0) return kDefaultSpeed;
+  if (static_cast<int>(exo_next.size()) == num_exo_ && num_exo_ > 0)
+    prepare(exo_next.data());
+  else if (stale_)
+    prepare(nullptr);
+  double w[kCandidates];
+  blend_weights(w, kCandidates);
+  double y = 0;
+  for (int i = 0; i < kCandidates; ++i) y += w[i] * pending_candidates_[i];
+  // Within a band around recently seen speeds (lo > 0: only good speeds enter recent_).
+  y = std::isfinite(y) ? std::clamp(y, 0.5 * recent_lo_, 1.5 * recent_hi_) : last_;
+  last_prediction_ = y;
+  return y;
 }
 
 void NarxPredictor::blend_weights(double* w, int count) const {
@@ -281,26 +177,48 @@ void NarxPredictor::blend_weights(double* w, int count) const {
   for (int i = 0; i < count; ++i) w[i] /= total;
 }
 
-// One sample through the network; hidden receives the tanh activations.
-float NarxPredictor::forward(const float* x, float* hidden) const {
-  const int n_in = num_inputs(), h = options_.hidden;
-#if defined(__AVX2__) && defined(__FMA__)
-  if (h == 8) return simd_forward<1>(params_.data(), n_in, x, hidden);
-  if (h == 16) return simd_forward<2>(params_.data(), n_in, x, hidden);
-#endif
-  return net_forward(params_.data(), n_in, h, x, hidden);
-}
-
 void NarxPredictor::prepare(const double* exo_next) {
   std::array<double, kCandidates> c{};
   c[kLast] = last_;
   for (int e = 0; e < kEmas; ++e) c[kEmaFast + e] = ema_[e];
-  double w[kCandidates];
-  blend_weights(w, kBase);  // the base forecast: kLast and the EMAs, blended
-  double base = 0;
-  for (int i = 0; i < kBase; ++i) base += w[i] * c[i];
+  const double base = base_forecast(c);
   // Scale: the speed's running std, floored relative to its level so near-constant series stay well posed.
   const double scale = std::max(std::sqrt(y_var_), 1e-3 * std::abs(y_mean_) + 1e-12);
+  const double* next = coming_exo(exo_next);
+  fill_network_inputs(base, scale, next);
+  c[kNet] = base + scale * static_cast<double>(forward(pending_x_.data(), scratch().hidden(options_.hidden)));
+  fill_regressors(next);
+  c[kLinear] = linear_.forecast(pending_u_.data(), base, 0.5 * recent_lo_, 1.5 * recent_hi_);
+  forecast_ratios(c, base);
+  pending_candidates_ = c;
+  pending_base_ = base;
+  pending_scale_ = scale;
+  pending_ = true;
+  stale_ = false;
+}
+
+// The base forecast: kLast and the EMAs, blended.
+double NarxPredictor::base_forecast(const std::array<double, kCandidates>& c) const {
+  double w[kCandidates];
+  blend_weights(w, kBase);
+  double base = 0;
+  for (int i = 0; i < kBase; ++i) base += w[i] * c[i];
+  return base;
+}
+
+// The coming step's exogenous values. Without them, the last measured ones stand in (persistence); missing
+// or bad entries read as their running mean.
+const double* NarxPredictor::coming_exo(const double* exo_next) const {
+  if (exo_next) {
+    double* clean = scratch().exo(num_exo_);
+    for (int k = 0; k < num_exo_; ++k) clean[k] = std::isfinite(exo_next[k]) ? exo_next[k] : exo_mean_[k];
+    return clean;
+  }
+  return options_.du > 0 ? exo_lags_.data() : exo_mean_.data();
+}
+
+// The network's inputs (num_inputs(), normalised and clipped) into pending_x_.
+void NarxPredictor::fill_network_inputs(double base, double scale, const double* next) {
   float* x = pending_x_.data();
   int at = 0;
   for (int k = 0; k < options_.dy; ++k)
@@ -312,40 +230,38 @@ void NarxPredictor::prepare(const double* exo_next) {
       x[at++] = exo_var_[k] > 0 ? static_cast<float>(clip((u[k] - exo_mean_[k]) / sd, kClipInput)) : 0.0f;
     }
   };
-  // Without values for the coming step, the last measured ones stand in (persistence); missing or bad
-  // entries read as their running mean.
-  const double* next = exo_mean_.data();
-  if (exo_next) {
-    double* clean = scratch().exo(num_exo_);
-    for (int k = 0; k < num_exo_; ++k) clean[k] = std::isfinite(exo_next[k]) ? exo_next[k] : exo_mean_[k];
-    next = clean;
-  } else if (options_.du > 0) {
-    next = exo_lags_.data();
-  }
   put_exo(next);
   for (int l = 0; l < options_.du; ++l) put_exo(exo_lags_.data() + static_cast<size_t>(l) * num_exo_);
-  c[kNet] = base + scale * static_cast<double>(forward(x, scratch().hidden(options_.hidden)));
-  // The linear model's regressors: the same values, winsorised like the network's inputs (at +-6 running
-  // standard deviations), so one wild reading can neither dominate its fit nor its forecast.
+}
+
+// The exogenous models' regressors: the coming values, winsorised like the network's inputs (at +-6 running
+// standard deviations), so one wild reading can neither dominate their fit nor their forecast.
+void NarxPredictor::fill_regressors(const double* next) {
   for (int k = 0; k < num_exo_; ++k) {
     const double sd = std::sqrt(exo_var_[k]);
     pending_u_[k] = exo_var_[k] > 0
                         ? std::clamp(next[k], exo_mean_[k] - kClipInput * sd, exo_mean_[k] + kClipInput * sd)
                         : next[k];
   }
-  c[kLinear] = linear_forecast(pending_u_.data(), base);
+}
+
+// The proportional models' forecasts, within the band (the base until they have a ratio and a positive
+// input).
+void NarxPredictor::forecast_ratios(std::array<double, kCandidates>& c, double base) const {
   for (int i = 0; i < kRatios; ++i) {
     const double u = ratio_active() ? pending_u_[options_.ratio] : 0.0;
     const double y = ratio_[i] * u;
     c[kRatioSlow + i] =
         u > 0 && ratio_[i] > 0 && std::isfinite(y) ? std::clamp(y, 0.5 * recent_lo_, 1.5 * recent_hi_) : base;
   }
-  pending_candidates_ = c;
-  pending_base_ = base;
-  pending_scale_ = scale;
-  pending_ = true;
-  stale_ = false;
 }
+
+// One sample through the network; hidden receives the tanh activations.
+float NarxPredictor::forward(const float* x, float* hidden) const {
+  return narx::forward(params_.data(), num_inputs(), options_.hidden, x, hidden);
+}
+
+// ---- observing: scoring, the levels and the exogenous models learn, the network trains ----
 
 void NarxPredictor::observe(double speed, const std::vector<double>& exo) {
   if (stale_) prepare(nullptr);  // no predict() since the last observation: score the persistence forecast
@@ -365,7 +281,7 @@ void NarxPredictor::observe(double speed, const std::vector<double>& exo) {
   y_lags_[0] = speed;
   if (scored) {
     learn_ratios(speed, score_candidates(speed, exo));
-    learn_linear(speed);
+    linear_.learn(pending_u_.data(), speed, pending_candidates_[kLinear]);
   }
   update_levels(speed);
   train(plan);
@@ -380,19 +296,6 @@ void NarxPredictor::add_to_window(double speed) {
   buffer_y_[buffer_head_] = static_cast<float>(clip((speed - pending_base_) / pending_scale_, kClipInput));
   buffer_head_ = (buffer_head_ + 1) % options_.window;
   buffer_count_ = std::min(buffer_count_ + 1, options_.window);
-}
-
-// Draws this observation's training batches first (the same random sequence as drawing them step by step: the
-// window does not change while training) and prefetches their rows: with thousands of workers the window is
-// rarely in cache, and the misses then overlap with the bookkeeping before train().
-NarxPredictor::TrainPlan NarxPredictor::plan_training() {
-  TrainPlan plan;
-  plan.batch = std::min(options_.batch, buffer_count_);
-  plan.steps = buffer_count_ > 0 ? options_.epochs : 0;
-  plan.steps_per_draw = std::max(1, kMaxDrawn / std::max(plan.batch, 1));
-  plan.drawn = std::min(plan.steps, plan.steps_per_draw);
-  draw_batches(plan.drawn, plan.batch);
-  return plan;
 }
 
 void NarxPredictor::shift_exo_lags(const std::vector<double>& exo) {
@@ -441,19 +344,6 @@ void NarxPredictor::learn_ratios(double speed, const std::array<double, kRatios>
   }
 }
 
-// The linear model learns from the scored step, its residual winsorised at kLinClip running standard
-// deviations of its (winsorised) residuals once warmed up, floored relative to the level: a burst of 1000x
-// glitches moves it little, a lasting change widens the band geometrically until it is followed.
-void NarxPredictor::learn_linear(double speed) {
-  const double pred = pending_candidates_[kLinear];
-  const bool warm = lin_weight_ >= 8;
-  const double bound = kLinClip * std::max(std::sqrt(lin_resid_var_), 1e-3 * std::abs(pred));
-  const double r = warm ? std::clamp(speed - pred, -bound, bound) : speed - pred;
-  linear_update(pending_u_.data(), pred + r);
-  lin_resid_var_ += (warm ? kMseAlpha : 1 / std::max(lin_weight_, 1.0)) * (r * r - lin_resid_var_);
-  if (!std::isfinite(lin_resid_var_)) lin_resid_var_ = 0;
-}
-
 // A good speed: the running statistics, last value, EMAs and the band of recent speeds.
 void NarxPredictor::update_levels(double speed) {
   ++good_;
@@ -477,94 +367,25 @@ void NarxPredictor::update_levels(double speed) {
   }
 }
 
-// The planned gradient steps; the first group of batches was drawn by plan_training().
-void NarxPredictor::train(TrainPlan plan) {
-  for (int s = 0, at = 0; s < plan.steps; ++s, ++at) {
-    if (at == plan.drawn) {  // more steps than kMaxDrawn samples: draw the next group
-      plan.drawn = std::min(plan.steps - s, plan.steps_per_draw);
-      draw_batches(plan.drawn, plan.batch);
-      at = 0;
-    }
-    train_step(scratch().idx.data() + static_cast<size_t>(at) * plan.batch, plan.batch);
-  }
+void NarxPredictor::update_band() {
+  auto [lo, hi] = std::minmax_element(recent_.begin(), recent_.end());
+  recent_lo_ = *lo;
+  recent_hi_ = *hi;
 }
 
-double NarxPredictor::linear_forecast(const double* u, double fallback) const {
-  if (!(lin_weight_ > 0)) return fallback;
-  const int k = num_exo_;
-  // Inputs that vary (relative to their level) enter standardised, with the ridge on their slopes; the
-  // normal equations are solved by Cholesky (k is the handful of exogenous inputs).
-  int* active = scratch().active_inputs(k);
-  double* sd = scratch().linear(static_cast<size_t>(k) * (k + 2));
-  double* a = sd + k;  // m x m, then the right-hand side
-  int m = 0;
-  for (int i = 0; i < k; ++i) {
-    const double var = lin_uu_[static_cast<size_t>(i) * k + i];
-    if (var > lin_weight_ * (1e-10 * lin_u_mean_[i] * lin_u_mean_[i] + 1e-300)) {
-      active[m] = i;
-      sd[m++] = std::sqrt(var);
-    }
-  }
-  double y = lin_y_mean_;
-  if (m > 0) {
-    double* b = a + static_cast<size_t>(m) * m;
-    const double ridge = std::max(options_.ridge, 1e-9);
-    for (int p = 0; p < m; ++p) {
-      for (int q = 0; q <= p; ++q)
-        a[p * m + q] =
-            lin_uu_[static_cast<size_t>(active[p]) * k + active[q]] / (sd[p] * sd[q]) + (p == q ? ridge : 0);
-      b[p] = lin_uy_[active[p]] / sd[p];
-    }
-    // Lower Cholesky factor in place, then forward and back substitution into b.
-    for (int p = 0; p < m; ++p) {
-      for (int q = 0; q <= p; ++q) {
-        double v = a[p * m + q];
-        for (int r = 0; r < q; ++r) v -= a[p * m + r] * a[q * m + r];
-        if (p == q) {
-          if (!(v > 0)) return std::isfinite(y) ? y : fallback;
-          a[p * m + p] = std::sqrt(v);
-        } else {
-          a[p * m + q] = v / a[q * m + q];
-        }
-      }
-    }
-    for (int p = 0; p < m; ++p) {
-      for (int r = 0; r < p; ++r) b[p] -= a[p * m + r] * b[r];
-      b[p] /= a[p * m + p];
-    }
-    for (int p = m - 1; p >= 0; --p) {
-      for (int r = p + 1; r < m; ++r) b[p] -= a[r * m + p] * b[r];
-      b[p] /= a[p * m + p];
-    }
-    for (int p = 0; p < m; ++p) y += b[p] / sd[p] * (u[active[p]] - lin_u_mean_[active[p]]);
-  }
-  // Within the band the final forecast is clipped to, so its scored error stays finite.
-  return std::isfinite(y) ? std::clamp(y, 0.5 * recent_lo_, 1.5 * recent_hi_) : fallback;
-}
+// ---- training: batches from the window, gradient steps by Adam ----
 
-void NarxPredictor::linear_update(const double* u, double speed) {
-  const int k = num_exo_;
-  const double f = options_.forget;
-  lin_weight_ = f * lin_weight_ + 1;
-  const double a = 1 / lin_weight_, keep = 1 - a;
-  double* d = scratch().linear(static_cast<size_t>(k));
-  bool finite = std::isfinite(lin_weight_);
-  for (int i = 0; i < k; ++i) d[i] = u[i] - lin_u_mean_[i];
-  const double dy = speed - lin_y_mean_;
-  for (int i = 0; i < k; ++i) {
-    double* row = lin_uu_.data() + static_cast<size_t>(i) * k;
-    for (int j = 0; j < k; ++j) row[j] = f * row[j] + keep * d[i] * d[j];
-    lin_uy_[i] = f * lin_uy_[i] + keep * d[i] * dy;
-    lin_u_mean_[i] += a * d[i];
-    finite = finite && std::isfinite(row[i]) && std::isfinite(lin_uy_[i]) && std::isfinite(lin_u_mean_[i]);
-  }
-  lin_y_mean_ += a * dy;
-  if (!finite || !std::isfinite(lin_y_mean_)) {  // overflowed (absurd but finite inputs): start afresh
-    lin_weight_ = lin_y_mean_ = lin_resid_var_ = 0;
-    std::fill(lin_u_mean_.begin(), lin_u_mean_.end(), 0.0);
-    std::fill(lin_uu_.begin(), lin_uu_.end(), 0.0);
-    std::fill(lin_uy_.begin(), lin_uy_.end(), 0.0);
-  }
+// Draws this observation's training batches first (the same random sequence as drawing them step by step: the
+// window does not change while training) and prefetches their rows: with thousands of workers the window is
+// rarely in cache, and the misses then overlap with the bookkeeping before train().
+NarxPredictor::TrainPlan NarxPredictor::plan_training() {
+  TrainPlan plan;
+  plan.batch = std::min(options_.batch, buffer_count_);
+  plan.steps = buffer_count_ > 0 ? options_.epochs : 0;
+  plan.steps_per_draw = std::max(1, kMaxDrawn / std::max(plan.batch, 1));
+  plan.drawn = std::min(plan.steps, plan.steps_per_draw);
+  draw_batches(plan.drawn, plan.batch);
+  return plan;
 }
 
 void NarxPredictor::draw_batches(int steps, int batch) {
@@ -581,6 +402,18 @@ void NarxPredictor::draw_batches(int steps, int batch) {
   }
 }
 
+// The planned gradient steps; the first group of batches was drawn by plan_training().
+void NarxPredictor::train(TrainPlan plan) {
+  for (int s = 0, at = 0; s < plan.steps; ++s, ++at) {
+    if (at == plan.drawn) {  // more steps than kMaxDrawn samples: draw the next group
+      plan.drawn = std::min(plan.steps - s, plan.steps_per_draw);
+      draw_batches(plan.drawn, plan.batch);
+      at = 0;
+    }
+    train_step(scratch().idx.data() + static_cast<size_t>(at) * plan.batch, plan.batch);
+  }
+}
+
 void NarxPredictor::train_step(const int* idx, int batch) {
   const int n_in = num_inputs(), h = options_.hidden;
   Scratch& sc = scratch();
@@ -591,19 +424,13 @@ void NarxPredictor::train_step(const int* idx, int batch) {
   const float* w = params_.data();
   for (int b = 0; b < batch; ++b) {
     const float* x = buffer_x_.data() + static_cast<size_t>(idx[b]) * n_in;
-    const float y = buffer_y_[idx[b]];
-#if defined(__AVX2__) && defined(__FMA__)
-    if (h == 8) {
-      simd_accumulate<1>(w, n_in, x, y, weight, grad, hidden);
-      continue;
-    }
-    if (h == 16) {
-      simd_accumulate<2>(w, n_in, x, y, weight, grad, hidden);
-      continue;
-    }
-#endif
-    net_accumulate(w, n_in, h, x, y, weight, grad, hidden, dh);
+    narx::accumulate(w, n_in, h, x, buffer_y_[idx[b]], weight, grad, hidden, dh);
   }
+  adam_update(grad);
+}
+
+// One Adam step on the parameters, the weight decay (L2) added to the gradient.
+void NarxPredictor::adam_update(const float* __restrict grad) {
   ++adam_steps_;
   // Bias corrections from the running powers b1^t, b2^t (no pow per step).
   adam_b1t_ = adam_b1t_ < 1e-30 ? 0.0 : adam_b1t_ * 0.9;  // flushed to 0 before it turns denormal
@@ -623,14 +450,6 @@ void NarxPredictor::train_step(const int* idx, int batch) {
   }
 }
 
-namespace {
-template <class T>
-void prefetch_all(const std::vector<T>& v) {
-  const char* p = reinterpret_cast<const char*>(v.data());
-  for (size_t at = 0; at < v.size() * sizeof(T); at += 64) __builtin_prefetch(p + at);
-}
-}  // namespace
-
 void NarxPredictor::prefetch() const {
   // Everything an update reads in full (the window rows are prefetched when the batches are drawn).
   const char* self = reinterpret_cast<const char*>(this);
@@ -646,277 +465,8 @@ void NarxPredictor::prefetch() const {
   prefetch_all(exo_var_);
   prefetch_all(exo_count_);
   prefetch_all(pending_x_);
-  prefetch_all(lin_u_mean_);
-  prefetch_all(lin_uu_);
-  prefetch_all(lin_uy_);
+  linear_.prefetch();
   prefetch_all(pending_u_);
-}
-
-void NarxPredictor::update_band() {
-  auto [lo, hi] = std::minmax_element(recent_.begin(), recent_.end());
-  recent_lo_ = *lo;
-  recent_hi_ = *hi;
-}
-
-double NarxPredictor::predict(const std::vector<double>& exo_next) {
-  if (good_ == 0) return kDefaultSpeed;
-  if (static_cast<int>(exo_next.size()) == num_exo_ && num_exo_ > 0)
-    prepare(exo_next.data());
-  else if (stale_)
-    prepare(nullptr);
-  double w[kCandidates];
-  blend_weights(w, kCandidates);
-  double y = 0;
-  for (int i = 0; i < kCandidates; ++i) y += w[i] * pending_candidates_[i];
-  // Within a band around recently seen speeds (lo > 0: only good speeds enter recent_).
-  y = std::isfinite(y) ? std::clamp(y, 0.5 * recent_lo_, 1.5 * recent_hi_) : last_;
-  last_prediction_ = y;
-  return y;
-}
-
-std::string NarxPredictor::save_state() const {
-  StateWriter w("narx/4");
-  w.put(options_.dy);
-  w.put(options_.du);
-  w.put(options_.hidden);
-  w.put(options_.window);
-  w.put(options_.lr);
-  w.put(options_.epochs);
-  w.put(options_.batch);
-  w.put(options_.sharp);
-  w.put(options_.forget);
-  w.put(options_.ridge);
-  w.put(options_.ratio);
-  w.put(num_exo_);
-  w.put(rng_.state());
-  w.put_vector(params_);
-  w.put_vector(adam_m_);
-  w.put_vector(adam_v_);
-  w.put(adam_steps_);
-  w.put(adam_b1t_);
-  w.put(adam_b2t_);
-  w.put(good_);
-  w.put(y_mean_);
-  w.put(y_var_);
-  w.put(last_);
-  w.put(ema_);
-  w.put_vector(exo_mean_);
-  w.put_vector(exo_var_);
-  w.put_vector(exo_count_);
-  w.put_vector(y_lags_);
-  w.put_vector(exo_lags_);
-  w.put_vector(recent_);
-  w.put(recent_head_);
-  w.put(mse_);
-  w.put(pending_);
-  w.put(stale_);
-  w.put_vector(pending_x_);
-  w.put(pending_candidates_);
-  w.put(pending_base_);
-  w.put(pending_scale_);
-  w.put(last_prediction_);
-  w.put_vector(buffer_x_);
-  w.put_vector(buffer_y_);
-  w.put(buffer_count_);
-  w.put(buffer_head_);
-  w.put(lin_weight_);
-  w.put(lin_y_mean_);
-  w.put(lin_resid_var_);
-  w.put_vector(lin_u_mean_);
-  w.put_vector(lin_uu_);
-  w.put_vector(lin_uy_);
-  w.put_vector(pending_u_);
-  w.put(ratio_);
-  return w.str();
-}
-
-namespace {
-
-template <class T>
-void same_size(std::vector<T>& dst, std::vector<T>&& src) {
-  if (src.size() != dst.size()) throw std::invalid_argument("narx state has inconsistent sizes");
-  dst = std::move(src);
-}
-
-// narx/1 kept the network in double with W1 hidden-major (hidden x inputs).
-void same_size_net(std::vector<float>& dst, const std::vector<double>& src, int n_in, int h) {
-  if (src.size() != dst.size()) throw std::invalid_argument("narx state has inconsistent sizes");
-  for (int j = 0; j < h; ++j)
-    for (int i = 0; i < n_in; ++i) dst[i * h + j] = static_cast<float>(src[j * n_in + i]);
-  for (size_t k = static_cast<size_t>(h) * n_in; k < src.size(); ++k) dst[k] = static_cast<float>(src[k]);
-}
-
-template <class Alloc>
-void same_size_float(std::vector<float, Alloc>& dst, const std::vector<double>& src) {
-  if (src.size() != dst.size()) throw std::invalid_argument("narx state has inconsistent sizes");
-  for (size_t k = 0; k < src.size(); ++k) dst[k] = static_cast<float>(src[k]);
-}
-
-bool has_tag(const std::string& state, const std::string& tag) {
-  const std::string prefix = StateWriter(tag).str();
-  return state.compare(0, prefix.size(), prefix) == 0;
-}
-
-// The options of a saved state (narx/1 and narx/2 had no forget and ridge, narx/1 to narx/3 no ratio).
-NarxOptions read_options(StateReader& r, int version) {
-  NarxOptions o;
-  o.dy = r.get<int>();
-  o.du = r.get<int>();
-  o.hidden = r.get<int>();
-  o.window = r.get<int>();
-  o.lr = r.get<double>();
-  o.epochs = r.get<int>();
-  o.batch = r.get<int>();
-  o.sharp = r.get<double>();
-  if (version >= 3) {
-    o.forget = r.get<double>();
-    o.ridge = r.get<double>();
-  }
-  if (version >= 4) o.ratio = r.get<int>();
-  return o;
-}
-
-}  // namespace
-
-// narx/1 and narx/2 had no exogenous linear model, narx/1 to narx/3 no proportional models: they start
-// empty (their forecasts are the base until they have data) and with the largest recent squared error of the
-// other candidates, so they earn their weight; the ratio input is the default one.
-void NarxPredictor::load_state(const std::string& state) {
-  const int version = has_tag(state, "narx/1")   ? 1
-                      : has_tag(state, "narx/2") ? 2
-                      : has_tag(state, "narx/3") ? 3
-                                                 : 4;
-  StateReader r(state, "narx/" + std::to_string(version));
-  const NarxOptions o = read_options(r, version);
-  const int num_exo = r.get<int>();
-  NarxPredictor p(o, num_exo, 0);  // validates options and sizes every buffer
-  p.rng_.set_state(r.get<uint64_t>());
-  p.read_network(r, version);
-  p.read_levels(r);
-  p.read_forecasts(r, version);
-  p.read_window(r, version);
-  p.read_exo_models(r, version);
-  r.finish();
-  p.update_band();
-  if (p.recent_head_ < 0 || p.recent_head_ >= p.options_.window || p.buffer_head_ < 0 ||
-      p.buffer_head_ >= p.options_.window || p.buffer_count_ < 0 || p.buffer_count_ > p.options_.window)
-    throw std::invalid_argument("narx state has out-of-range indices");
-  *this = std::move(p);
-}
-
-// Parameters and Adam state; narx/1 kept them in double with W1 hidden-major and no running powers.
-void NarxPredictor::read_network(StateReader& r, int version) {
-  const int n_in = num_inputs(), h = options_.hidden;
-  if (version == 1) {
-    same_size_net(params_, r.get_vector<double>(), n_in, h);
-    same_size_net(adam_m_, r.get_vector<double>(), n_in, h);
-    same_size_net(adam_v_, r.get_vector<double>(), n_in, h);
-  } else {
-    same_size(params_, r.get_vector<float>());
-    same_size(adam_m_, r.get_vector<float>());
-    same_size(adam_v_, r.get_vector<float>());
-  }
-  adam_steps_ = r.get<int64_t>();
-  if (version == 1) {
-    adam_b1t_ = std::pow(0.9, static_cast<double>(adam_steps_));
-    adam_b2t_ = std::pow(0.999, static_cast<double>(adam_steps_));
-  } else {
-    adam_b1t_ = r.get<double>();
-    adam_b2t_ = r.get<double>();
-  }
-}
-
-// The speed's statistics and levels, the exogenous statistics, the lags and the ring of recent speeds.
-void NarxPredictor::read_levels(StateReader& r) {
-  good_ = r.get<int64_t>();
-  y_mean_ = r.get<double>();
-  y_var_ = r.get<double>();
-  last_ = r.get<double>();
-  ema_ = r.get<std::array<double, kEmas>>();
-  same_size(exo_mean_, r.get_vector<double>());
-  same_size(exo_var_, r.get_vector<double>());
-  same_size(exo_count_, r.get_vector<int64_t>());
-  same_size(y_lags_, r.get_vector<double>());
-  same_size(exo_lags_, r.get_vector<double>());
-  same_size(recent_, r.get_vector<double>());
-  recent_head_ = r.get<int>();
-}
-
-// One value per candidate in the current layout. narx/1 and narx/2 saved kLast, the EMAs and kNet; narx/3
-// kLast, the EMAs, kLinear and kNet. The candidates they lacked get `fill`, or with `as_mse` the largest of
-// the saved values.
-std::array<double, NarxPredictor::kCandidates> NarxPredictor::read_candidates(StateReader& r, int version,
-                                                                              bool as_mse, double fill) {
-  if (version >= 4) return r.get<std::array<double, kCandidates>>();
-  std::array<double, kBase + 2> old{};  // room for narx/3's; narx/1 and /2 use the first kBase + 1
-  const size_t n = version == 3 ? kBase + 2 : kBase + 1;
-  if (version == 3) {
-    old = r.get<std::array<double, kBase + 2>>();
-  } else {
-    const std::array<double, kBase + 1> v2 = r.get<std::array<double, kBase + 1>>();
-    std::copy(v2.begin(), v2.end(), old.begin());
-  }
-  if (as_mse) fill = *std::max_element(old.begin(), old.begin() + n);
-  std::array<double, kCandidates> out{};
-  std::copy(old.begin(), old.begin() + kBase, out.begin());
-  std::fill(out.begin() + kRatioSlow, out.begin() + kRatioFast + 1, fill);
-  out[kLinear] = version == 3 ? old[kBase] : fill;
-  out[kNet] = old[n - 1];
-  return out;
-}
-
-// Recent squared errors, the pending forecast and its inputs. The candidates older states lacked forecast
-// the base, which is read after them.
-void NarxPredictor::read_forecasts(StateReader& r, int version) {
-  mse_ = read_candidates(r, version, true, 0);
-  pending_ = r.get<bool>();
-  stale_ = version == 1 ? false : r.get<bool>();
-  if (version == 1)
-    same_size_float(pending_x_, r.get_vector<double>());
-  else
-    same_size(pending_x_, r.get_vector<float>());
-  pending_candidates_ = read_candidates(r, version, false, 0);
-  pending_base_ = r.get<double>();
-  if (version < 4) {
-    std::fill(pending_candidates_.begin() + kRatioSlow, pending_candidates_.begin() + kRatioFast + 1,
-              pending_base_);
-    if (version < 3) pending_candidates_[kLinear] = pending_base_;
-  }
-  pending_scale_ = r.get<double>();
-  last_prediction_ = r.get<double>();
-}
-
-// The training window (narx/1 kept it in double).
-void NarxPredictor::read_window(StateReader& r, int version) {
-  if (version == 1) {
-    same_size_float(buffer_x_, r.get_vector<double>());
-    same_size_float(buffer_y_, r.get_vector<double>());
-  } else {
-    const std::vector<float> rows = r.get_vector<float>();
-    if (rows.size() != buffer_x_.size()) throw std::invalid_argument("narx state has inconsistent sizes");
-    buffer_x_.assign(rows.begin(), rows.end());
-    same_size(buffer_y_, r.get_vector<float>());
-  }
-  buffer_count_ = r.get<int>();
-  buffer_head_ = r.get<int>();
-}
-
-// The exogenous linear model (narx/3 on) and the proportional models (narx/4).
-void NarxPredictor::read_exo_models(StateReader& r, int version) {
-  if (version >= 3) {
-    lin_weight_ = r.get<double>();
-    lin_y_mean_ = r.get<double>();
-    lin_resid_var_ = r.get<double>();
-    same_size(lin_u_mean_, r.get_vector<double>());
-    same_size(lin_uu_, r.get_vector<double>());
-    same_size(lin_uy_, r.get_vector<double>());
-    same_size(pending_u_, r.get_vector<double>());
-    if (version >= 4) ratio_ = r.get<std::array<double, kRatios>>();
-  } else if (pending_) {
-    // The pending forecast's regressors were not saved: the newest measured values stand in.
-    const double* newest = options_.du > 0 ? exo_lags_.data() : exo_mean_.data();
-    std::copy(newest, newest + num_exo_, pending_u_.begin());
-  }
 }
 
 }  // namespace lbbsp::predictors

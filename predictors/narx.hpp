@@ -18,12 +18,16 @@
 // scales with the available CPU faster and with less noise than the linear model. Their misses on steps where
 // the input changed right after it was measured (and its new value explains the miss) are winsorised in their
 // score.
+//
+// The code: narx.cpp the ensemble; narx_kernels.hpp the network's kernels; narx_exo.{hpp,cpp} the exogenous
+// linear model; narx_state.cpp the saved state (narx/4) and the readers of the older formats.
 #pragma once
 #include <array>
 #include <cstdint>
 #include <vector>
 
 #include "predictors/cache_aligned.hpp"
+#include "predictors/narx_exo.hpp"
 #include "predictors/predictor.hpp"
 #include "predictors/state_io.hpp"
 
@@ -79,13 +83,20 @@ class NarxPredictor final : public Predictor {
   int num_inputs() const;
   int num_params() const;
   void update_exo_stats(const std::vector<double>& exo);
-  // Fills pending_* for the coming step (exo_next: its exogenous values, or null for persistence).
+  // Fills pending_* for the coming step (exo_next: its exogenous values, or null for persistence), in steps:
+  // the base forecast, the network's inputs, the exogenous models' regressors, the candidates.
   void prepare(const double* exo_next);
+  double base_forecast(const std::array<double, kCandidates>& c) const;
+  const double* coming_exo(const double* exo_next) const;
+  void fill_network_inputs(double base, double scale, const double* next);
+  void fill_regressors(const double* next);
+  void forecast_ratios(std::array<double, kCandidates>& c, double base) const;
   float forward(const float* x, float* hidden) const;
   void update_band();
   void draw_batches(int steps,
                     int batch);  // fills the scratch indices with `steps` batches, prefetches their rows
   void train_step(const int* idx, int batch);
+  void adam_update(const float* grad);
   // observe() in steps: the scored step joins the window, training is planned, candidates are scored, the
   // exogenous models and the levels learn, then the network trains.
   struct TrainPlan {  // one observation's gradient steps, their batches drawn kMaxDrawn samples at a time
@@ -96,11 +107,16 @@ class NarxPredictor final : public Predictor {
   void shift_exo_lags(const std::vector<double>& exo);
   std::array<double, kRatios> score_candidates(double speed, const std::vector<double>& exo);
   void learn_ratios(double speed, const std::array<double, kRatios>& ratio_u);
-  void learn_linear(double speed);
   void update_levels(double speed);
   void train(TrainPlan plan);
   void blend_weights(double* w, int count) const;
-  // load_state() in steps, in the order of the saved state; `version` is the N of its "narx/N" tag.
+  // save_state() and load_state() in steps, in the order of the saved state (narx_state.cpp); `version` is
+  // the N of its "narx/N" tag.
+  void write_network(StateWriter& w) const;
+  void write_levels(StateWriter& w) const;
+  void write_forecasts(StateWriter& w) const;
+  void write_window(StateWriter& w) const;
+  void write_exo_models(StateWriter& w) const;
   void read_network(StateReader& r, int version);
   void read_levels(StateReader& r);
   std::array<double, kCandidates> read_candidates(StateReader& r, int version, bool as_mse, double fill);
@@ -108,9 +124,6 @@ class NarxPredictor final : public Predictor {
   void read_window(StateReader& r, int version);
   void read_exo_models(StateReader& r, int version);
   bool ratio_active() const { return options_.ratio >= 0 && options_.ratio < num_exo_; }
-  // The linear model's forecast for regressors u (num_exo values), or `fallback` before it has data.
-  double linear_forecast(const double* u, double fallback) const;
-  void linear_update(const double* u, double speed);
 
   NarxOptions options_;
   int num_exo_;
@@ -142,11 +155,9 @@ class NarxPredictor final : public Predictor {
   std::array<double, kCandidates> pending_candidates_{};
   double pending_base_ = 0, pending_scale_ = 1, last_prediction_ = 0;
 
-  // Exogenous linear model: exponentially weighted total weight, means of the regressors and the speed,
-  // scatter matrix of the regressors (num_exo x num_exo) and their cross scatter with the speed; the
-  // regressors of the pending forecast.
-  double lin_weight_ = 0, lin_y_mean_ = 0, lin_resid_var_ = 0;  // and its residuals' running variance
-  std::vector<double> lin_u_mean_, lin_uu_, lin_uy_, pending_u_;
+  // The exogenous linear model (narx_exo.hpp) and the regressors of its pending forecast.
+  ExoLinearModel linear_;
+  std::vector<double> pending_u_;
   // Proportional models: speed per unit of the ratio input (0 until the first good step scored).
   std::array<double, kRatios> ratio_{};
 
