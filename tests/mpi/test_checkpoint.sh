@@ -111,11 +111,10 @@ expect_fail "--resume needs --checkpoint-dir" train 1 logreg bsp 0 30 --resume
 # The optimiser is part of the checkpoint. A cosine schedule's horizon is the run's length: resumed with the same
 # flags from iteration 10 of 30 it ends bit-identical; extended (stopped at 12 of --max-iterations 12, resumed with
 # 30) it is refused naming both horizons, and with --allow-optimizer-change it goes on with a warning saying so.
-cos_train() {  # cos_train MAX_IT [extra...]
+cos_train() {  # cos_train MAX_IT [extra...]: one process (the optimiser check is rank 0's)
   local max=$1; shift
-  mpirun_n 2 "$LBBSP" train --data "$DATA" --model mlp --hidden 32 --epochs 1 --global-batch 32 --lr 0.05 \
-    --lr-schedule cosine --warmup-iterations 3 --momentum "${MOMENTUM:-0.9}" --balancer random:3 --max-iterations "$max" --seed 5 \
-    --test-subset 256 --quiet "$@"
+  "$LBBSP" train --data "$DATA" --model mlp --hidden 32 --epochs 1 --global-batch 32 --lr 0.05 --lr-schedule cosine \
+    --warmup-iterations 3 --momentum "${MOMENTUM:-0.9}" --max-iterations "$max" --seed 5 --test-subset 256 --quiet "$@"
 }
 C=$SCRATCH/ck-cos
 cos_train 30 --checkpoint-dir "$C" --checkpoint-every 5 --checkpoint-keep 10 --save-params "$SCRATCH/cos-full.h5"
