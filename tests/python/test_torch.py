@@ -326,3 +326,32 @@ def test_plain_batchnorm_warns_once(tmp_path):
         counts = pickle.load(open(tmp_path / f"bn-{r}.pkl", "rb"))
         assert len(counts["uneven"]) == 1 and "SyncBatchNorm" in counts["uneven"][0], counts
         assert counts["equal"] == [], counts
+
+
+# ---- the extension is built for one x86-64 baseline, not for the node that built it ----
+
+
+def test_extension_is_portable():
+    """pyproject.toml sets LBBSP_PORTABLE (no -march=native) and python/CMakeLists.txt one baseline, x86-64-v3: the
+    compile flags recorded in the extension (-frecord-gcc-switches) name that -march and no other (a -march=native
+    build records the node's own, e.g. -march=znver3), and its code has no AVX-512 (zmm or mask register)."""
+    import platform
+    import re
+    import shutil
+    import subprocess
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64 only")
+    if shutil.which("objdump") is None or shutil.which("readelf") is None:
+        pytest.skip("no objdump/readelf (binutils)")
+    src = os.environ.get("LBBSP_SOURCE_DIR") or os.path.join(os.path.dirname(__file__), "..", "..")
+    assert re.search(r'^LBBSP_PORTABLE\s*=\s*"ON"', open(os.path.join(src, "pyproject.toml")).read(), re.M)
+    so = lbbsp._lbbsp.__file__
+    switches = subprocess.run(["readelf", "-p", ".GCC.command.line", so], capture_output=True, text=True).stdout
+    assert "-O" in switches, f"no compile flags recorded in {so}: {switches[:300]}"
+    assert set(re.findall(r"-march=(\S+)", switches)) == {"x86-64-v3"}, switches
+    assert "native" not in switches, switches
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", so], capture_output=True, text=True,
+                          check=True).stdout
+    assert len(text) > 10000, "objdump printed almost nothing"
+    avx512 = [line for line in text.splitlines() if re.search(r"%zmm\d|%k[1-7]\b", line)]
+    assert avx512 == [], f"{len(avx512)} AVX-512 instructions in {so}, e.g. {avx512[:3]}"
