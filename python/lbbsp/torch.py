@@ -2,25 +2,28 @@
 
     from lbbsp.torch import LoadBalancer
     lb = LoadBalancer(ddp_model, dataset_size=len(data), global_batch=256, balancer="lbbsp-cpu", predictor="narx")
-    for epoch in range(epochs):
-        for step in range(lb.steps_per_epoch):
+    for epoch in range(lb.epoch, epochs):
+        for step in range(lb.global_step % lb.steps_per_epoch, lb.steps_per_epoch):
             idx = lb.indices(epoch, step)          # this rank's samples of this global step (may be empty)
-            with lb.timed():                       # this rank's compute
-                loss = F.cross_entropy(ddp_model(x[idx]), y[idx], reduction="sum") / lb.global_batch
-                loss.backward()
+            loss = lb.scale(F.cross_entropy(ddp_model(x[idx]), y[idx]))   # mean over the rank's samples, scaled
+            loss.backward()
             opt.step(); opt.zero_grad()
             lb.step()                              # every rank's time and metrics to rank 0, next sizes back
 
 The global batch of step k is positions [kX, (k+1)X) of ``lbbsp.epoch_permutation(n, seed, epoch)``, cut by
 prefix sums of the batch vector: the same samples in the same order as ``lbbsp train``. The constructor registers a
-DDP communication hook that SUMS gradients (DDP's default divides by the world size), so with a loss summed over
-the rank's samples and divided by the global batch every rank gets the gradient of the global batch's mean loss,
-for any split, ranks with 0 samples included: the trajectory equals one process on the same global batches.
+DDP communication hook that SUMS gradients (DDP's default divides by the world size); ``lb.scale(loss)`` turns a
+loss that is the mean over this rank's n_r samples into n_r / X of it (X the global batch), so every rank's part
+adds up to the gradient of the global batch's mean loss, for any split, ranks with 0 samples included: the
+trajectory equals one process on the same global batches.
 
-Per step, ``step()`` gathers every rank's (batch, compute seconds, CPU and memory availability) on rank 0 in one
-small collective of its own process group, rank 0 runs the C++ balancer, and one broadcast returns the sizes: every
-rank holds the same sizes at every step. With ``lag=L`` the sizes of step k+L+1 are decided after step k, so a
-DataLoader whose workers prefetch P batches ahead needs ``lag >= P`` (``num_workers * prefetch_factor``).
+The time a rank reports for a step is everything it does from leaving one ``step()`` to entering the next (data
+loading, forward, backward, the optimizer step, anything else), less the time its gradient allreduce waited for the
+others (from its last gradient bucket being ready to that allreduce completing, seen by the comm hook) and less
+``untimed()`` blocks. ``step()`` gathers every rank's report on rank 0 in one small collective of its own process
+group, rank 0 runs the C++ balancer, and one broadcast returns the sizes: every rank holds the same sizes at every
+step. With ``lag=L`` the sizes of step k+L+1 are decided after step k, so a DataLoader whose workers read P batches
+ahead needs ``lag >= P`` (``required_lag(num_workers, prefetch_factor)``).
 """
 
 import contextlib
@@ -36,9 +39,11 @@ import torch.distributed as dist
 
 import lbbsp
 
-__all__ = ["LoadBalancer", "BalancedBatchSampler", "sum_allreduce_hook", "ResourceMonitor", "init_from_env"]
+__all__ = ["LoadBalancer", "BalancedBatchSampler", "sum_allreduce_hook", "ResourceMonitor", "init_from_env",
+           "required_lag", "AllowEmpty"]
 
 _EXO = 3  # cpu_avail, mem_avail, load: what the C++ runtime reports (runtime/monitor.cpp)
+_REPORT = 2 + _EXO + 2  # batch, compute seconds, exo..., memory cap, status (0 ok, 1 this rank failed)
 
 
 def sum_allreduce_hook(process_group: Optional[dist.ProcessGroup],
@@ -114,10 +119,11 @@ def _launcher_env() -> Dict[str, str]:
                        "(RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, PMI_*, or SLURM_PROCID/SLURM_NTASKS)")
 
 
-def init_from_env(backend: Optional[str] = None, timeout_s: float = 300.0) -> int:
+def init_from_env(backend: Optional[str] = None, timeout_s: Optional[float] = None) -> int:
     """init_process_group from the launcher's environment; returns the local rank. The backend defaults to NCCL
-    when CUDA is available, else gloo. Under mpirun/srun set MASTER_ADDR (rank 0's host; default the Slurm
-    job's first node or 127.0.0.1) and MASTER_PORT (default 29500)."""
+    when CUDA is available, else gloo. ``timeout_s`` None keeps PyTorch's own default timeout of the default group
+    (the one DDP's gradient allreduce uses); a number sets it. Under mpirun/srun set MASTER_ADDR (rank 0's host;
+    default the Slurm job's first node or 127.0.0.1) and MASTER_PORT (default 29500)."""
     ids = _launcher_env()
     os.environ.setdefault("MASTER_ADDR", _first_slurm_node() or "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
@@ -126,8 +132,13 @@ def init_from_env(backend: Optional[str] = None, timeout_s: float = 300.0) -> in
     local = int(ids["LOCAL_RANK"])
     if backend == "nccl":
         torch.cuda.set_device(local % torch.cuda.device_count())
-    dist.init_process_group(backend, rank=int(ids["RANK"]), world_size=int(ids["WORLD_SIZE"]),
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    kwargs = {}
+    if timeout_s is not None:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError(f"init_from_env: timeout_s must be a positive number of seconds or None (PyTorch's "
+                             f"default), got {timeout_s!r}")
+        kwargs["timeout"] = datetime.timedelta(seconds=float(timeout_s))
+    dist.init_process_group(backend, rank=int(ids["RANK"]), world_size=int(ids["WORLD_SIZE"]), **kwargs)
     return local
 
 
@@ -151,27 +162,86 @@ def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
     return int(value)
 
 
+
+def required_lag(num_workers: int, prefetch_factor: Optional[int] = None) -> int:
+    """The batches a DataLoader reads ahead of the one being trained, so the ``lag`` its batch sampler needs:
+    0 without workers, else ``num_workers * prefetch_factor`` (PyTorch's default prefetch_factor is 2)."""
+    workers = _positive_int(num_workers, "num_workers", 0)
+    if workers == 0:
+        return 0
+    return workers * (2 if prefetch_factor is None else _positive_int(prefetch_factor, "prefetch_factor", 1))
+
+
+def _empty_like(batch: Any) -> Any:
+    """A collated batch of one sample cut to zero samples: tensors and arrays to [:0], containers element-wise."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return batch[:0]
+    if isinstance(batch, dict):
+        return type(batch)((k, _empty_like(v)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_empty_like(v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        if batch and all(isinstance(v, str) for v in batch):
+            return type(batch)()  # a batch of strings
+        return type(batch)(_empty_like(v) for v in batch)
+    return batch
+
+
+class AllowEmpty:
+    """A DataLoader ``collate_fn`` that also collates an empty index list (a rank given 0 samples): the batch of
+    ``dataset[0]`` cut to zero samples, so tensors keep their dtype and trailing shape. PyTorch's default collate
+    raises IndexError on an empty list. ``LoadBalancer.data_loader`` wraps its collate_fn in this."""
+
+    def __init__(self, dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> None:
+        if collate_fn is None:
+            from torch.utils.data import default_collate
+            collate_fn = default_collate
+        self.dataset, self.collate_fn, self._empty = dataset, collate_fn, None
+
+    def __call__(self, batch: List[Any]) -> Any:
+        if len(batch):
+            return self.collate_fn(batch)
+        if self._empty is None:
+            if len(self.dataset) == 0:
+                raise ValueError("AllowEmpty: the dataset is empty, so there is no sample to take the batch's "
+                                 "layout from")
+            self._empty = _empty_like(self.collate_fn([self.dataset[0]]))
+        return self._empty
+
+
 class LoadBalancer:
     """Re-sizes every rank's share of a fixed global batch each step (LB-BSP) on torch.distributed.
 
     Args:
-        model: the ``DistributedDataParallel`` model (its gradients get the SUM hook; plain BatchNorm layers get a
-            warning once sizes differ), or None to register no hook (sum the gradients yourself).
+        model: the ``DistributedDataParallel`` model (its gradients get the SUM hook, which also times the step's
+            wait in the gradient allreduce; plain BatchNorm layers get a warning once sizes differ), or None to
+            register no hook (sum the gradients yourself; the step is then timed from step() to step()).
         dataset_size: training samples n; an epoch is ``n // global_batch`` steps of the seeded permutation.
         global_batch: samples per step over all ranks (X).
         balancer, predictor, seed, min_batch: as for ``lbbsp train`` (``bsp``, ``static[:K]``, ``random:SEED``,
             ``lbbsp-cpu``, ``lbbsp-gpu``, ``lbbsp-gpu-model``; predictors ``narx``, ``arima``, ``ema``, ``last``).
-        lag: 0 decides step k+1's sizes after step k; L > 0 decides step k+L+1's (DataLoader prefetching).
+        lag: 0 decides step k+1's sizes after step k; L > 0 decides step k+L+1's (a DataLoader with workers
+            needs ``lag >= required_lag(num_workers, prefetch_factor)``).
         process_group: the group to balance over (default: the whole world).
         timeout_s: a rank that does not report within this many seconds ends the step with an error naming it.
         monitor: a callable returning this rank's [cpu_avail, mem_avail, load] for the step just done
             (default: ResourceMonitor().sample, from /proc as the C++ runtime measures them).
+        check_loss: warn (once) when a backward pass reaches the gradient allreduce in a step in which
+            ``scale()`` was not called: an unscaled mean loss gives wrong gradients. False if the loss is
+            already scaled by hand (a sum over the rank's samples divided by ``global_batch``).
+
+    Loss: the gradients are SUMMED over ranks, so each rank's loss must be its share of the global batch's loss.
+    ``loss = lb.scale(loss)`` does that for a loss that is the mean over this rank's samples (PyTorch's default
+    ``reduction="mean"``), ``lb.scale(loss, reduction="sum")`` for a sum. A term that depends on the parameters
+    only (an L2 penalty, a KL to a prior) goes inside ``scale()`` with the data loss, ``lb.scale(mean + l2)``: it
+    is weighted n_r / X on each rank, which adds up to one over the ranks; added outside ``scale()`` on every rank
+    it counts world-size times. (Weight decay in the optimizer acts after the allreduce and needs nothing.)
     """
 
     def __init__(self, model: Optional[torch.nn.Module], dataset_size: int, global_batch: int,
                  balancer: str = "lbbsp-cpu", predictor: str = "narx", seed: int = 1, min_batch: int = 0,
                  lag: int = 0, process_group: Optional[dist.ProcessGroup] = None, timeout_s: float = 300.0,
-                 monitor: Optional[Callable[[], List[float]]] = None) -> None:
+                 monitor: Optional[Callable[[], List[float]]] = None, check_loss: bool = True) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("LoadBalancer: call torch.distributed.init_process_group() first")
         self.dataset_size = _positive_int(dataset_size, "dataset_size")
@@ -203,9 +273,10 @@ class LoadBalancer:
         self._monitor = monitor if monitor is not None else ResourceMonitor().sample
         if not callable(self._monitor):
             raise TypeError(f"LoadBalancer: monitor must be callable, got {type(monitor).__name__}")
-        self._compute_s = 0.0
+        if not isinstance(check_loss, bool):
+            raise TypeError(f"LoadBalancer: check_loss must be True or False, got {check_loss!r}")
+        self._check_loss, self._warned_loss, self._scaled_step = check_loss, False, -1
         self._bytes_per_sample = 0.0
-        self._ready_s, self._ready_event = None, None
         # Seconds this rank spent in step(): in all ("step_s": the exchange, which also waits for ranks still
         # finishing their step) and, on rank 0, deciding ("decide_s").
         self.timing = {"step_s": 0.0, "decide_s": 0.0}
@@ -216,12 +287,14 @@ class LoadBalancer:
         self._plain_bn = model is not None and any(
             isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm)
             for m in model.modules())
-        self._warned_bn = False
-        if model is not None:
-            model.register_comm_hook(getattr(model, "process_group", None), self._sum_hook)
+        self._warned_bn = self._warned_timed = False
         # DDP needs its module on the device before wrapping, so where the parameters live is fixed from here on.
         first = next(model.parameters(), None) if model is not None else None
         self._cuda = first is not None and first.is_cuda
+        self._device = first.device if self._cuda else None
+        if model is not None:
+            model.register_comm_hook(getattr(model, "process_group", None), self._sum_hook)
+        self._restart_clock()
 
     # ---- what a training loop asks for ----
 
@@ -231,17 +304,33 @@ class LoadBalancer:
         return self._step
 
     @property
+    def epoch(self) -> int:
+        """The epoch of ``global_step`` (where a resumed run continues)."""
+        return self._step // self.steps_per_epoch
+
+    @property
     def batch_sizes(self) -> np.ndarray:
         """Every rank's batch size at the current step (the same array on every rank)."""
         return self.sizes_at(self._step)
 
+    def _where(self, global_step: int) -> str:
+        epoch, step = divmod(global_step, self.steps_per_epoch)
+        return f"epoch {epoch}, step {step}"
+
     def sizes_at(self, global_step: int) -> np.ndarray:
         """Batch vector of a global step that is already decided (up to ``global_step + lag``)."""
         if global_step not in self._sizes:
+            epoch, step = divmod(global_step, self.steps_per_epoch)
+            if global_step < self._step:
+                raise RuntimeError(f"LoadBalancer: step {step} of epoch {epoch} is past: the run is at step "
+                                   f"{self._step} ({self._where(self._step)}); continue from lb.global_step "
+                                   "(a sampler from lb.batch_sampler() starts there by itself)")
             known = sorted(self._sizes)
-            raise RuntimeError(f"LoadBalancer: the sizes of step {global_step} are not decided yet (known: steps "
-                               f"{known[0]}..{known[-1]}); a DataLoader prefetching P batches ahead needs lag >= P "
-                               f"(num_workers * prefetch_factor), lag is {self.lag}")
+            raise RuntimeError(f"LoadBalancer: the sizes of step {step} of epoch {epoch} (global step "
+                               f"{global_step}) are not decided yet: the run is at step {self._step} and decides "
+                               f"lag={self.lag} steps ahead (known: steps {known[0]}..{known[-1]}); a DataLoader "
+                               "prefetching P batches ahead needs lag >= P (num_workers * prefetch_factor: "
+                               "lbbsp.torch.required_lag)")
         return self._sizes[global_step].copy()
 
     def permutation(self, epoch: int) -> np.ndarray:
@@ -263,75 +352,171 @@ class LoadBalancer:
             self._warned_bn = True
         return lbbsp.rank_indices(self.permutation(epoch), step, sizes, self.rank)
 
+    def scale(self, loss: torch.Tensor, reduction: str = "mean", count: Optional[int] = None) -> torch.Tensor:
+        """This rank's share of the global batch's loss, for the SUM of gradients over ranks.
+
+        ``reduction="mean"`` (PyTorch's default): ``loss`` is the mean over this rank's samples of the step
+        (``count`` of them if given, e.g. one micro-batch; default this rank's batch size) and is multiplied by
+        count / global_batch; with 0 samples (a mean of nothing, NaN) the result is 0 with a zero gradient.
+        ``reduction="sum"``: ``loss`` is the sum over the rank's samples and is divided by global_batch.
+        Terms that depend on parameters only (an L2 penalty) belong inside: ``lb.scale(mean_loss + l2)`` weights
+        them n_r / X on each rank, which sums to one over the ranks; outside, every rank adds them in full."""
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise ValueError("LoadBalancer.scale: loss must be a scalar tensor (reduce it first: the mean or the "
+                             f"sum over this rank's samples), got {type(loss).__name__}"
+                             f"{' of shape ' + str(tuple(loss.shape)) if isinstance(loss, torch.Tensor) else ''}")
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"LoadBalancer.scale: reduction must be 'mean' or 'sum', got {reduction!r}")
+        n = int(self._sizes[self._step][self.rank]) if count is None else _positive_int(count, "count", 0)
+        self._scaled_step = self._step
+        if reduction == "sum":
+            return loss / self.global_batch
+        if n == 0:
+            return torch.nan_to_num(loss * 0.0, nan=0.0, posinf=0.0, neginf=0.0)
+        return loss * (n / self.global_batch)
+
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:
-        """Measures this rank's compute: the block's time, or with DDP up to the moment its last gradient
-        bucket was ready (the allreduce inside backward waits for the slowest rank, which is not compute).
-        CUDA events time it when the model's parameters are on a GPU."""
-        cuda = self._cuda
-        self._ready_s, self._ready_event = None, None
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            start.record()
+        """Deprecated, does nothing: every step is now measured from leaving one step() to entering the next,
+        less the gradient allreduce's wait (so no work of the step can fall outside the measure)."""
+        if not self._warned_timed:
+            self._warned_timed = True
+            warnings.warn("LoadBalancer.timed() is deprecated and does nothing: the whole step is measured (from "
+                          "step() to step(), less the wait in the gradient allreduce); remove the `with "
+                          "lb.timed():`, and use lb.untimed() for work that should not count", DeprecationWarning,
+                          stacklevel=3)
+        yield
+
+    @contextlib.contextmanager
+    def untimed(self) -> Iterator[None]:
+        """Work in this block does not count in this rank's step time (a rank-0 evaluation, a checkpoint)."""
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            if cuda:
-                end.record()
-                end.synchronize()
-                self._compute_s += start.elapsed_time(self._ready_event or end) / 1e3
-                n = int(self._sizes[self._step][self.rank])
-                if n > 0:
-                    self._bytes_per_sample = (torch.cuda.max_memory_allocated() - base) / n
-            else:
-                self._compute_s += (self._ready_s or time.perf_counter()) - t0
+            self._untimed_s += time.perf_counter() - t0
+
+    def record_compute(self, seconds: float) -> None:
+        """Reports this step's time as measured by the caller: the sum of the calls in a step replaces the
+        step's own measure (for emulated or externally timed work)."""
+        if not (isinstance(seconds, (int, float)) and np.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"LoadBalancer.record_compute: seconds must be finite and >= 0, got {seconds!r}")
+        self._recorded_s = (self._recorded_s or 0.0) + float(seconds)
+
+    # ---- measurement: from leaving step() to entering the next, less the gradient allreduce's wait ----
+
+    def _restart_clock(self) -> None:
+        self._wait_s, self._untimed_s, self._recorded_s = 0.0, 0.0, None
+        self._ready_s, self._events = None, []
+        if self._cuda:
+            with torch.cuda.device(self._device):
+                torch.cuda.reset_peak_memory_stats()
+                self._mem_base = torch.cuda.memory_allocated()
+        self._clock_s = time.perf_counter()
 
     def _sum_hook(self, process_group: Optional[dist.ProcessGroup],
                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        """The SUM hook, noting when this rank's gradient bucket was ready (the end of its own compute)."""
-        self._ready_s = time.perf_counter()
-        if self._cuda:
-            self._ready_event = torch.cuda.Event(enable_timing=True)
-            self._ready_event.record()
-        return sum_allreduce_hook(process_group, bucket)
+        """The SUM hook, timing this rank's wait: from its last bucket ready to that bucket's allreduce done."""
+        if self._check_loss and not self._warned_loss and self._scaled_step != self._step:
+            self._warned_loss = True
+            warnings.warn(f"LoadBalancer: step {self._step}: backward ran without lb.scale(loss). The gradients are "
+                          "SUMMED over ranks, so a loss that is the mean over this rank's samples (PyTorch's "
+                          "default reduction='mean') gives gradients world-size times too large and weighted "
+                          "unevenly. Write loss = lb.scale(loss) (or lb.scale(loss, reduction='sum') for a sum); "
+                          "pass check_loss=False if the loss is already the rank's sum / lb.global_batch.")
+        tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
+        group = process_group if process_group is not None else dist.group.WORLD
+        last = bucket.is_last() if hasattr(bucket, "is_last") else False
+        if last:
+            self._ready_s = time.perf_counter()
+            if self._cuda:
+                ready = torch.cuda.Event(enable_timing=True)
+                ready.record()
+        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+        if not last:
+            return fut.then(lambda f: f.value()[0])
 
-    def record_compute(self, seconds: float) -> None:
-        """Adds compute time measured by the caller (instead of, or on top of, ``timed()``)."""
-        if not (isinstance(seconds, (int, float)) and np.isfinite(seconds) and seconds >= 0):
-            raise ValueError(f"LoadBalancer.record_compute: seconds must be finite and >= 0, got {seconds!r}")
-        self._compute_s += float(seconds)
+        def done(f: torch.futures.Future) -> torch.Tensor:
+            if self._cuda:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                self._events.append((ready, end))
+            elif self._ready_s is not None:
+                self._wait_s += time.perf_counter() - self._ready_s
+            return f.value()[0]
+        return fut.then(done)
+
+    def _measured_s(self) -> float:
+        """This step's time: since the last step() (the constructor for step 0), less the allreduce's wait and
+        the untimed() blocks. On CUDA the device's queued work is waited for first, and the wait comes from
+        events recorded on the device's stream."""
+        if self._cuda:
+            torch.cuda.synchronize(self._device)
+            self._wait_s += sum(a.elapsed_time(b) for a, b in self._events) / 1e3
+            peak = torch.cuda.max_memory_allocated(self._device) - self._mem_base
+            n = int(self._sizes[self._step][self.rank])
+            if n > 0 and peak > 0:
+                self._bytes_per_sample = peak / n
+        return max(0.0, time.perf_counter() - self._clock_s - self._wait_s - self._untimed_s)
+
+    # ---- the exchange ----
 
     def step(self) -> np.ndarray:
         """Ends the step: every rank's report reaches rank 0, which decides and broadcasts the next sizes.
-        Returns the batch vector of the coming step."""
+        Returns the batch vector of the coming step. An error on any rank while building its report (its
+        monitor raising, say) or on rank 0 while deciding ends the step on every rank with a RuntimeError that
+        names the rank and carries its message."""
         k = self._step
-        report = torch.tensor([float(self._sizes[k][self.rank]), self._compute_s, *self._metrics(),
-                               float(self._mem_cap())], dtype=torch.float64)
+        n = float(self._sizes[k][self.rank])
+        error: Optional[BaseException] = None
+        try:
+            compute = self._recorded_s if self._recorded_s is not None else self._measured_s()
+            report = torch.tensor([n, compute, *self._metrics(), float(self._mem_cap()), 0.0], dtype=torch.float64)
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
+            error = e
+            report = torch.zeros(_REPORT, dtype=torch.float64)
+            report[0], report[-1] = n, 1.0
         gathered = [torch.zeros_like(report) for _ in range(self.world_size)] if self.rank == 0 else None
         t_exchange = time.perf_counter()
         self._collective(lambda: dist.gather(report, gathered, dst=self._root, group=self._group), k, "report")
-        decided = torch.zeros(self.world_size, dtype=torch.int64)
-        failure = None
+        # [0, sizes...] decided; [1, mask...] the ranks in the mask failed (the first one's message follows)
+        decided = torch.zeros(self.world_size + 1, dtype=torch.int64)
         if self.rank == 0:
-            try:
-                t_decide = time.perf_counter()
-                decided = torch.from_numpy(self._decide(torch.stack(gathered).numpy(), k))
-                self.timing["decide_s"] += time.perf_counter() - t_decide
-            except Exception as e:  # noqa: BLE001 - every rank must hear of it, then rank 0 re-raises
-                failure, decided = e, torch.full((self.world_size,), -1, dtype=torch.int64)
+            reports = torch.stack(gathered).numpy()
+            failed = reports[:, -1] != 0
+            if failed.any():
+                decided[0], decided[1:] = 1, torch.from_numpy(failed.astype(np.int64))
+            else:
+                try:
+                    t_decide = time.perf_counter()
+                    decided[1:] = torch.from_numpy(self._decide(reports, k))
+                    self.timing["decide_s"] += time.perf_counter() - t_decide
+                except Exception as e:  # noqa: BLE001
+                    error = e
+                    decided[0], decided[1:], decided[1] = 1, 0, 1
         self._collective(lambda: dist.broadcast(decided, src=self._root, group=self._group), k, "sizes")
+        if int(decided[0]) != 0:
+            self._fail(k, [int(r) for r in np.flatnonzero(decided[1:].numpy())], error)
         self.timing["step_s"] += time.perf_counter() - t_exchange
-        if failure is not None:
-            raise failure
-        if int(decided[0]) < 0:
-            raise RuntimeError(f"LoadBalancer: step {k}: rank 0 could not decide the next sizes (its error says why)")
-        self._sizes[k + self.lag + 1] = decided.numpy().copy()
+        self._sizes[k + self.lag + 1] = decided[1:].numpy().copy()
         del self._sizes[k]
-        self._step, self._compute_s = k + 1, 0.0
+        self._step = k + 1
+        self._restart_clock()
         return self._sizes[k + 1].copy()
+
+    def _fail(self, k: int, failed: List[int], error: Optional[BaseException]) -> None:
+        """Every rank raises, naming the failed ranks and carrying the first one's message."""
+        src = failed[0]
+        message = [f"{type(error).__name__}: {error}" if self.rank == src else None]
+        try:
+            self._collective(lambda: dist.broadcast_object_list(message, src=self._ranks[src], group=self._group),
+                             k, "the error")
+        except RuntimeError as e:
+            message = [f"(its message did not arrive: {e})"]
+        who = f"rank {src}" if len(failed) == 1 else f"ranks {', '.join(map(str, failed))}"
+        where = "" if self.rank == src else f" (this is rank {self.rank}; see rank {src}'s log for the traceback)"
+        raise RuntimeError(f"LoadBalancer: step {k}: {who} failed in step(): rank {src}: {message[0]}{where}") \
+            from error
 
     def _decide(self, reports: np.ndarray, k: int) -> np.ndarray:
         batch = reports[:, 0].round().astype(np.int64)
@@ -364,13 +549,39 @@ class LoadBalancer:
             self._balancer.load_state(state["balancer"])
         self._step = int(state["step"])
         self._sizes = {int(k): np.asarray(v, dtype=np.int64) for k, v in state["sizes"].items()}
-        self._compute_s = 0.0
+        self._restart_clock()
 
     # ---- DataLoader ----
 
-    def batch_sampler(self, epoch: int) -> "BalancedBatchSampler":
-        """A DataLoader ``batch_sampler`` yielding this rank's indices for every step of ``epoch``."""
+    def batch_sampler(self, epoch: Optional[int] = None) -> "BalancedBatchSampler":
+        """A DataLoader ``batch_sampler`` yielding this rank's indices for every step of an epoch: the epoch of
+        ``global_step`` (from its current step, so a resumed run continues mid-epoch) unless ``epoch`` or
+        ``set_epoch()`` fixes one. One sampler (and one DataLoader) serves every epoch."""
         return BalancedBatchSampler(self, epoch)
+
+    def data_loader(self, dataset: Any, *, num_workers: int = 0, prefetch_factor: Optional[int] = None,
+                    collate_fn: Optional[Callable[[List[Any]], Any]] = None, epoch: Optional[int] = None,
+                    **kwargs: Any) -> "torch.utils.data.DataLoader":
+        """A DataLoader over ``dataset`` with this balancer's batch sampler (``loader.batch_sampler``), reusable
+        over epochs (also with ``persistent_workers=True``); ``collate_fn`` (default PyTorch's) wrapped in
+        ``AllowEmpty`` so a rank given 0 samples gets an empty batch. Raises ValueError when the loader would
+        read further ahead than ``lag`` decides (``lag < required_lag(num_workers, prefetch_factor)``)."""
+        need = required_lag(num_workers, prefetch_factor)
+        if need > self.lag:
+            raise ValueError(f"LoadBalancer.data_loader: a DataLoader with num_workers={num_workers} and "
+                             f"prefetch_factor={2 if prefetch_factor is None else prefetch_factor} reads {need} "
+                             f"batches ahead, but this LoadBalancer decides lag={self.lag} steps ahead: construct "
+                             f"it with lag={need} (lbbsp.torch.required_lag({num_workers}, {prefetch_factor})) or "
+                             "read fewer batches ahead")
+        for owned in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
+            if owned in kwargs:
+                raise TypeError(f"LoadBalancer.data_loader: {owned} is set by the balancer's batch sampler; "
+                                "leave it out")
+        if num_workers > 0 and prefetch_factor is not None:
+            kwargs["prefetch_factor"] = prefetch_factor
+        return torch.utils.data.DataLoader(dataset, batch_sampler=self.batch_sampler(epoch),
+                                           num_workers=num_workers, collate_fn=AllowEmpty(dataset, collate_fn),
+                                           **kwargs)
 
     # ---- internals ----
 
@@ -385,7 +596,7 @@ class LoadBalancer:
         (torch.cuda.mem_get_info) over the bytes per sample seen at the last step's peak, plus that batch."""
         if not self._cuda or self._bytes_per_sample <= 0:
             return 0
-        free, _ = torch.cuda.mem_get_info()
+        free, _ = torch.cuda.mem_get_info(self._device)
         return max(1, int(free / self._bytes_per_sample) + int(self._sizes[self._step][self.rank]))
 
     def _collective(self, run, k: int, what: str) -> None:
@@ -408,16 +619,46 @@ class LoadBalancer:
         return "every rank answered a health check afterwards"
 
 
+
+
 class BalancedBatchSampler:
     """DataLoader ``batch_sampler`` over a LoadBalancer: yields this rank's index list of each step of an epoch,
-    as far ahead as the controller's ``lag`` allows."""
+    as far ahead as the controller's ``lag`` allows. The epoch is the run's (``lb.epoch``) unless
+    ``set_epoch()`` fixes it; iteration starts at the run's current step of that epoch (``lb.global_step``), so
+    one sampler serves every epoch and a resumed run continues mid-epoch with no user code."""
 
-    def __init__(self, lb: LoadBalancer, epoch: int) -> None:
-        self.lb, self.epoch = lb, _positive_int(epoch, "epoch", 0)
+    def __init__(self, lb: LoadBalancer, epoch: Optional[int] = None) -> None:
+        self.lb, self._started = lb, None  # (epoch, first step) of the latest iteration
+        self._epoch = None if epoch is None else _positive_int(epoch, "epoch", 0)
+
+    def set_epoch(self, epoch: Optional[int]) -> None:
+        """The epoch the next iteration covers (None: the run's current epoch), checked when iterating."""
+        self._epoch = None if epoch is None else _positive_int(epoch, "epoch", 0)
+
+    def _plan(self):
+        lb, spe = self.lb, self.lb.steps_per_epoch
+        g = lb.global_step
+        epoch = g // spe if self._epoch is None else self._epoch
+        if g >= (epoch + 1) * spe:
+            raise RuntimeError(f"BalancedBatchSampler: epoch {epoch} is past: the run is at step {g} "
+                               f"({lb._where(g)}); call set_epoch({g // spe}) before iterating, or set_epoch(None) "
+                               "to follow the run")
+        if g < epoch * spe:
+            raise RuntimeError(f"BalancedBatchSampler: epoch {epoch} has not begun: the run is at step {g} "
+                               f"({lb._where(g)}), and steps are taken in order; call set_epoch({g // spe}) or "
+                               "set_epoch(None) to follow the run")
+        return epoch, g - epoch * spe
 
     def __len__(self) -> int:
-        return self.lb.steps_per_epoch
+        """Steps the current (or next) iteration yields: the epoch's, less those done before it began."""
+        spe, g = self.lb.steps_per_epoch, self.lb.global_step
+        epoch = g // spe if self._epoch is None else self._epoch
+        if self._started is not None and self._started[0] == epoch and g < (epoch + 1) * spe:
+            return spe - self._started[1]  # iterating this epoch: where the iteration began
+        return spe - self._plan()[1]
 
     def __iter__(self) -> Iterator[List[int]]:
-        for step in range(self.lb.steps_per_epoch):
-            yield self.lb.indices(self.epoch, step).tolist()
+        epoch, start = self._plan()
+        self._started = (epoch, start)
+        for step in range(start, self.lb.steps_per_epoch):
+            yield self.lb.indices(epoch, step).tolist()
