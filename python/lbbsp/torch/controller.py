@@ -1,36 +1,10 @@
-"""LB-BSP for PyTorch: per-rank batch sizes in torch.distributed, re-sized every step, with exact aggregation.
-
-    from lbbsp.torch import LoadBalancer
-    lb = LoadBalancer(ddp_model, dataset_size=len(data), global_batch=256, balancer="lbbsp-cpu", predictor="narx")
-    for epoch in range(lb.epoch, epochs):
-        for step in range(lb.global_step % lb.steps_per_epoch, lb.steps_per_epoch):
-            idx = lb.indices(epoch, step)          # this rank's samples of this global step (may be empty)
-            loss = lb.scale(F.cross_entropy(ddp_model(x[idx]), y[idx]))   # mean over the rank's samples, scaled
-            loss.backward()
-            opt.step(); opt.zero_grad()
-            lb.step()                              # every rank's time and metrics to rank 0, next sizes back
-
-The global batch of step k is positions [kX, (k+1)X) of ``lbbsp.epoch_permutation(n, seed, epoch)``, cut by
-prefix sums of the batch vector: the same samples in the same order as ``lbbsp train``. The constructor registers a
-DDP communication hook that SUMS gradients (DDP's default divides by the world size); ``lb.scale(loss)`` turns a
-loss that is the mean over this rank's n_r samples into n_r / X of it (X the global batch), so every rank's part
-adds up to the gradient of the global batch's mean loss, for any split, ranks with 0 samples included: the
-trajectory equals one process on the same global batches.
-
-The time a rank reports for a step is everything it does from leaving one ``step()`` to entering the next (data
-loading, forward, backward, the optimizer step, anything else), less the time its gradient allreduce waited for the
-others (from its last gradient bucket being ready to that allreduce completing, seen by the comm hook) and less
-``untimed()`` blocks. ``step()`` gathers every rank's report on rank 0 in one small collective of its own process
-group, rank 0 runs the C++ balancer, and one broadcast returns the sizes: every rank holds the same sizes at every
-step. With ``lag=L`` the sizes of step k+L+1 are decided after step k, so a DataLoader whose workers read P batches
-ahead needs ``lag >= P`` (``required_lag(num_workers, prefetch_factor)``).
-"""
+"""LoadBalancer: the per-step controller (measurement, loss scaling, the exchange with rank 0, state)."""
 
 import contextlib
 import datetime
-import os
 import time
 import warnings
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
@@ -39,174 +13,13 @@ import torch.distributed as dist
 
 import lbbsp
 
-__all__ = ["LoadBalancer", "BalancedBatchSampler", "sum_allreduce_hook", "ResourceMonitor", "init_from_env",
-           "required_lag", "AllowEmpty"]
+from ._util import _positive_int
+from .hooks import sum_allreduce_hook
+from .monitor import ResourceMonitor
+from .sampler import AllowEmpty, BalancedBatchSampler, required_lag
 
 _EXO = 3  # cpu_avail, mem_avail, load: what the C++ runtime reports (runtime/monitor.cpp)
 _REPORT = 2 + _EXO + 2  # batch, compute seconds, exo..., memory cap, status (0 ok, 1 this rank failed)
-
-
-def sum_allreduce_hook(process_group: Optional[dist.ProcessGroup],
-                       bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: the gradient SUM over ranks (DDP's default hook divides it by the world size)."""
-    tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
-    group = process_group if process_group is not None else dist.group.WORLD
-    work = dist.all_reduce(tensor, group=group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
-
-
-class ResourceMonitor:
-    """CPU share left by other processes on this rank's CPUs, memory available and run-queue load, measured
-    over the last interval from /proc as the C++ runtime measures them (1.0, 1.0, 0.0 where /proc is absent)."""
-
-    def __init__(self) -> None:
-        self._cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self._last = self._cpu_times()
-        self._last_own = time.process_time()
-
-    def _cpu_times(self):
-        busy = total = running = 0
-        try:
-            with open("/proc/stat") as f:
-                for line in f:
-                    if line.startswith("procs_running "):
-                        running = int(line.split()[1])
-                    if not line.startswith("cpu") or not line[3].isdigit():
-                        continue
-                    parts = line.split()
-                    cpu = int(parts[0][3:])
-                    if self._cpus and cpu not in self._cpus:
-                        continue
-                    v = [int(x) for x in parts[1:9]] + [0] * max(0, 9 - len(parts))
-                    user, nice, sys_, idle, iowait, irq, softirq, steal = v[:8]
-                    b = user + nice + sys_ + irq + softirq + steal
-                    busy += b
-                    total += b + idle + iowait
-        except OSError:
-            return None
-        return busy, total, running
-
-    def sample(self) -> List[float]:
-        now, own = self._cpu_times(), time.process_time()
-        cpu, mem, load = 1.0, 1.0, 0.0
-        if now is not None and self._last is not None:
-            total_s = (now[1] - self._last[1]) / self._tick
-            others = max(0.0, (now[0] - self._last[0]) / self._tick - (own - self._last_own))
-            if total_s > 0:
-                cpu = min(1.0, max(0.0, 1.0 - others / total_s))
-            load = now[2] / max(1, os.cpu_count() or 1)
-        try:
-            with open("/proc/meminfo") as f:
-                info = {line.split(":")[0]: float(line.split()[1]) for line in f if ":" in line}
-            mem = info["MemAvailable"] / info["MemTotal"]
-        except (OSError, KeyError, ValueError, ZeroDivisionError):
-            pass
-        self._last, self._last_own = now, own
-        return [cpu, mem, load]
-
-
-def _launcher_env() -> Dict[str, str]:
-    """RANK, WORLD_SIZE, LOCAL_RANK from torchrun, mpirun (Open MPI, MPICH) or srun, whichever set them."""
-    env = os.environ
-    for rank, size, local in (("RANK", "WORLD_SIZE", "LOCAL_RANK"),
-                              ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
-                              ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
-                              ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")):
-        if rank in env and size in env:
-            return {"RANK": env[rank], "WORLD_SIZE": env[size], "LOCAL_RANK": env.get(local, "0")}
-    raise RuntimeError("init_from_env: no launcher environment found: start with torchrun, mpirun or srun "
-                       "(RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, PMI_*, or SLURM_PROCID/SLURM_NTASKS)")
-
-
-def init_from_env(backend: Optional[str] = None, timeout_s: Optional[float] = None) -> int:
-    """init_process_group from the launcher's environment; returns the local rank. The backend defaults to NCCL
-    when CUDA is available, else gloo. ``timeout_s`` None keeps PyTorch's own default timeout of the default group
-    (the one DDP's gradient allreduce uses); a number sets it. Under mpirun/srun set MASTER_ADDR (rank 0's host;
-    default the Slurm job's first node or 127.0.0.1) and MASTER_PORT (default 29500)."""
-    ids = _launcher_env()
-    os.environ.setdefault("MASTER_ADDR", _first_slurm_node() or "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    local = int(ids["LOCAL_RANK"])
-    if backend == "nccl":
-        torch.cuda.set_device(local % torch.cuda.device_count())
-    kwargs = {}
-    if timeout_s is not None:
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise ValueError(f"init_from_env: timeout_s must be a positive number of seconds or None (PyTorch's "
-                             f"default), got {timeout_s!r}")
-        kwargs["timeout"] = datetime.timedelta(seconds=float(timeout_s))
-    dist.init_process_group(backend, rank=int(ids["RANK"]), world_size=int(ids["WORLD_SIZE"]), **kwargs)
-    return local
-
-
-def _first_slurm_node() -> Optional[str]:
-    nodes = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
-    if not nodes:
-        return None
-    try:
-        import subprocess
-        out = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, timeout=10)
-        return out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"LoadBalancer: {name} must be an integer, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"LoadBalancer: {name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-
-def required_lag(num_workers: int, prefetch_factor: Optional[int] = None) -> int:
-    """The batches a DataLoader reads ahead of the one being trained, so the ``lag`` its batch sampler needs:
-    0 without workers, else ``num_workers * prefetch_factor`` (PyTorch's default prefetch_factor is 2)."""
-    workers = _positive_int(num_workers, "num_workers", 0)
-    if workers == 0:
-        return 0
-    return workers * (2 if prefetch_factor is None else _positive_int(prefetch_factor, "prefetch_factor", 1))
-
-
-def _empty_like(batch: Any) -> Any:
-    """A collated batch of one sample cut to zero samples: tensors and arrays to [:0], containers element-wise."""
-    if isinstance(batch, (torch.Tensor, np.ndarray)):
-        return batch[:0]
-    if isinstance(batch, dict):
-        return type(batch)((k, _empty_like(v)) for k, v in batch.items())
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_empty_like(v) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        if batch and all(isinstance(v, str) for v in batch):
-            return type(batch)()  # a batch of strings
-        return type(batch)(_empty_like(v) for v in batch)
-    return batch
-
-
-class AllowEmpty:
-    """A DataLoader ``collate_fn`` that also collates an empty index list (a rank given 0 samples): the batch of
-    ``dataset[0]`` cut to zero samples, so tensors keep their dtype and trailing shape. PyTorch's default collate
-    raises IndexError on an empty list. ``LoadBalancer.data_loader`` wraps its collate_fn in this."""
-
-    def __init__(self, dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> None:
-        if collate_fn is None:
-            from torch.utils.data import default_collate
-            collate_fn = default_collate
-        self.dataset, self.collate_fn, self._empty = dataset, collate_fn, None
-
-    def __call__(self, batch: List[Any]) -> Any:
-        if len(batch):
-            return self.collate_fn(batch)
-        if self._empty is None:
-            if len(self.dataset) == 0:
-                raise ValueError("AllowEmpty: the dataset is empty, so there is no sample to take the batch's "
-                                 "layout from")
-            self._empty = _empty_like(self.collate_fn([self.dataset[0]]))
-        return self._empty
 
 
 class LoadBalancer:
@@ -293,7 +106,15 @@ class LoadBalancer:
         self._cuda = first is not None and first.is_cuda
         self._device = first.device if self._cuda else None
         if model is not None:
-            model.register_comm_hook(getattr(model, "process_group", None), self._sum_hook)
+            # The hook holds the LoadBalancer weakly: no reference cycle (model -> hook -> self -> model), so a
+            # dropped LoadBalancer and its process groups go at once, in the thread that drops them, and not in
+            # a garbage collection that may run anywhere (in a gloo thread's callback, say).
+            me = weakref.ref(self)
+
+            def hook(state: Optional[dist.ProcessGroup], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+                lb = me()
+                return lb._sum_hook(state, bucket) if lb is not None else sum_allreduce_hook(state, bucket)
+            model.register_comm_hook(getattr(model, "process_group", None), hook)
         self._restart_clock()
 
     # ---- what a training loop asks for ----
@@ -617,48 +438,3 @@ class LoadBalancer:
         except Exception as e:  # noqa: BLE001 - report whatever the barrier said
             return f"health check failed: {e}"
         return "every rank answered a health check afterwards"
-
-
-
-
-class BalancedBatchSampler:
-    """DataLoader ``batch_sampler`` over a LoadBalancer: yields this rank's index list of each step of an epoch,
-    as far ahead as the controller's ``lag`` allows. The epoch is the run's (``lb.epoch``) unless
-    ``set_epoch()`` fixes it; iteration starts at the run's current step of that epoch (``lb.global_step``), so
-    one sampler serves every epoch and a resumed run continues mid-epoch with no user code."""
-
-    def __init__(self, lb: LoadBalancer, epoch: Optional[int] = None) -> None:
-        self.lb, self._started = lb, None  # (epoch, first step) of the latest iteration
-        self._epoch = None if epoch is None else _positive_int(epoch, "epoch", 0)
-
-    def set_epoch(self, epoch: Optional[int]) -> None:
-        """The epoch the next iteration covers (None: the run's current epoch), checked when iterating."""
-        self._epoch = None if epoch is None else _positive_int(epoch, "epoch", 0)
-
-    def _plan(self):
-        lb, spe = self.lb, self.lb.steps_per_epoch
-        g = lb.global_step
-        epoch = g // spe if self._epoch is None else self._epoch
-        if g >= (epoch + 1) * spe:
-            raise RuntimeError(f"BalancedBatchSampler: epoch {epoch} is past: the run is at step {g} "
-                               f"({lb._where(g)}); call set_epoch({g // spe}) before iterating, or set_epoch(None) "
-                               "to follow the run")
-        if g < epoch * spe:
-            raise RuntimeError(f"BalancedBatchSampler: epoch {epoch} has not begun: the run is at step {g} "
-                               f"({lb._where(g)}), and steps are taken in order; call set_epoch({g // spe}) or "
-                               "set_epoch(None) to follow the run")
-        return epoch, g - epoch * spe
-
-    def __len__(self) -> int:
-        """Steps the current (or next) iteration yields: the epoch's, less those done before it began."""
-        spe, g = self.lb.steps_per_epoch, self.lb.global_step
-        epoch = g // spe if self._epoch is None else self._epoch
-        if self._started is not None and self._started[0] == epoch and g < (epoch + 1) * spe:
-            return spe - self._started[1]  # iterating this epoch: where the iteration began
-        return spe - self._plan()[1]
-
-    def __iter__(self) -> Iterator[List[int]]:
-        epoch, start = self._plan()
-        self._started = (epoch, start)
-        for step in range(start, self.lb.steps_per_epoch):
-            yield self.lb.indices(epoch, step).tolist()
