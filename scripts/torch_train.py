@@ -8,9 +8,10 @@ Launch with any of (rank and world size come from the launcher's environment):
     srun -n 4 python3 scripts/torch_train.py --data data/fmnist.h5          # SLURM_PROCID / SLURM_NTASKS
     python3 scripts/torch_train.py --data data/fmnist.h5 --spawn 4          # no launcher: 4 local processes
 
---straggle 1,1,0.5,0.25 --cost-slope S emulates capacities: a rank at capacity c takes max(compute, S x batch / c)
-seconds (lbbsp train's `--straggle static:...;gpu=0:0:S:1000000`). --plain-ddp runs stock DDP instead (equal split,
-averaging allreduce): the baseline. Rank 0 prints one JSON summary line (and writes --summary-json).
+--straggle 1,1,0.5,0.25 --cost-slope S emulates capacities: a rank at capacity c takes max(forward, S x batch / c)
+seconds, after the forward pass, after backward or (added) in loading the batch (--cost-at; lbbsp train's
+`--straggle static:...;gpu=0:0:S:1000000`). --plain-ddp runs stock DDP instead (equal split, averaging allreduce):
+the baseline. Rank 0 prints one JSON summary line (and writes --summary-json).
 """
 import argparse
 import json
@@ -89,16 +90,22 @@ def train(a):
             idx = torch.from_numpy(lbbsp.rank_indices(lb.permutation(epoch), step, fixed, rank))
         else:
             idx = torch.from_numpy(lb.indices(epoch, step))
-        with lb.timed():
-            t_compute = time.perf_counter()
-            out = model(xtr[idx])
-            if a.plain_ddp:
-                loss = F.cross_entropy(out, ytr[idx])  # mean over an equal slice; DDP averages: global mean
-            else:
-                loss = F.cross_entropy(out, ytr[idx], reduction="sum") / lb.global_batch
-            # Before backward: DDP's allreduce runs inside it, and the emulated cost belongs before that.
-            emulate(cap, a.cost_slope, len(idx), time.perf_counter() - t_compute)
-            loss.backward()
+        # The emulated cost where --cost-at puts it: reading the batch (added), or after the forward pass or
+        # after backward (max with the forward's own time); lbbsp.torch measures the whole step either way.
+        if a.cost_at == "load":
+            emulate(cap, a.cost_slope, len(idx), 0.0)
+        t_compute = time.perf_counter()
+        out = model(xtr[idx])
+        if a.plain_ddp:
+            loss = F.cross_entropy(out, ytr[idx])  # mean over an equal slice; DDP averages: global mean
+        else:
+            loss = lb.scale(F.cross_entropy(out, ytr[idx]), count=len(idx))  # this rank's share of the mean
+        forward_s = time.perf_counter() - t_compute
+        if a.cost_at == "forward":
+            emulate(cap, a.cost_slope, len(idx), forward_s)
+        loss.backward()
+        if a.cost_at == "after-backward":
+            emulate(cap, a.cost_slope, len(idx), forward_s)
         opt.step()
         opt.zero_grad(set_to_none=True)
         t_control = time.perf_counter()
@@ -107,7 +114,8 @@ def train(a):
         control_s += time.perf_counter() - t_control
         train_s += time.perf_counter() - t0
         if rank == 0 and a.eval_every and (g + 1) % a.eval_every == 0:
-            acc = evaluate(model.module, xte[:a.test_subset or None], yte[:a.test_subset or None])
+            with lb.untimed():  # rank 0's evaluation is not part of its step time
+                acc = evaluate(model.module, xte[:a.test_subset or None], yte[:a.test_subset or None])
             if a.target_accuracy and time_to_target is None and acc >= a.target_accuracy:
                 time_to_target = train_s
     if rank == 0:
@@ -146,6 +154,8 @@ def main():
                     help="the best fixed split for the --straggle capacities (no controller): the upper bound")
     ap.add_argument("--straggle", default="1", help="capacity per rank, cycled (e.g. 1,1,0.5,0.25)")
     ap.add_argument("--cost-slope", type=float, default=0.0, help="emulated cost: S seconds per sample / capacity")
+    ap.add_argument("--cost-at", default="forward", choices=["load", "forward", "after-backward"],
+                    help="where the emulated cost lands in the step (default: after the forward pass)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--test-subset", type=int, default=0)

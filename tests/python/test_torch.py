@@ -1,6 +1,9 @@
 """lbbsp.torch on real gloo process groups (torch.multiprocessing, one thread per rank): exact aggregation against
-one process, identical sizes everywhere, 0-sample ranks, a slowed rank gets fewer samples, resume from
-state_dict, DataLoader with workers and lag, bad arguments, and a hung rank named by the others' timeout."""
+one process (a summed loss; a mean loss with an L2 term through lb.scale; an HDF5 DataLoader with workers, resumed
+mid-epoch), identical sizes everywhere, 0-sample ranks, a rank slowed in loading, forward or after backward gets
+fewer samples, resume from state_dict, DataLoader with workers and lag, the unscaled-loss warning, bad arguments,
+an exception on one rank ending all with it named, a hung rank named by the others' timeout, init_from_env's
+timeout, and a portable extension."""
 
 import datetime
 import os
@@ -63,9 +66,8 @@ def _exact_worker(rank, world, store, out, steps, global_batch):
         epoch, step = divmod(g, lb.steps_per_epoch)
         idx = torch.from_numpy(lb.indices(epoch, step))
         sizes.append(lb.batch_sizes.tolist())
-        with lb.timed():
-            loss = F.cross_entropy(model(x[idx]), y[idx], reduction="sum") / lb.global_batch
-            loss.backward()
+        loss = lb.scale(F.cross_entropy(model(x[idx]), y[idx], reduction="sum"), reduction="sum")
+        loss.backward()
         opt.step()
         opt.zero_grad()
         lb.step()
@@ -117,8 +119,7 @@ def _slow_worker(rank, world, store, out):
                       monitor=fixed_metrics)
     for g in range(25):
         idx = lb.indices(*divmod(g, lb.steps_per_epoch))
-        with lb.timed():
-            time.sleep(len(idx) * (2e-4 if rank != world - 1 else 1e-3))  # the last rank is 5x slower
+        time.sleep(len(idx) * (2e-4 if rank != world - 1 else 1e-3))  # the last rank is 5x slower
         lb.step()
     if rank == 0:
         np.save(os.path.join(out, "slow.npy"), lb.batch_sizes)
@@ -326,3 +327,363 @@ def test_plain_batchnorm_warns_once(tmp_path):
         counts = pickle.load(open(tmp_path / f"bn-{r}.pkl", "rb"))
         assert len(counts["uneven"]) == 1 and "SyncBatchNorm" in counts["uneven"][0], counts
         assert counts["equal"] == [], counts
+
+
+# ---- measurement: the whole step counts, wherever the rank's per-sample cost lands ----
+
+
+class _SlowDataset(torch.utils.data.Dataset):
+    """(x[i], y[i]), sleeping `cost` seconds per sample read (emulated decoding in the main process)."""
+
+    def __init__(self, x, y, cost):
+        self.x, self.y, self.cost = x, y, cost
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        time.sleep(self.cost)
+        return self.x[i], self.y[i]
+
+
+class _SlowForward(torch.nn.Module):
+    """The model, sleeping `cost` seconds per sample of its input in forward."""
+
+    def __init__(self, net, cost):
+        super().__init__()
+        self.net, self.cost = net, cost
+
+    def forward(self, x):
+        time.sleep(len(x) * self.cost)
+        return self.net(x)
+
+
+def _where_worker(rank, world, store, out, where):
+    init(rank, world, store)
+    cost = 1.5e-3 if rank == world - 1 else 3e-4  # per sample; the last rank is 5x slower, in `where`
+    g = np.random.default_rng(1)
+    x, y = torch.from_numpy(g.normal(size=(64 * 25, DIM))), torch.from_numpy(g.integers(0, CLASSES, 64 * 25))
+    net = make_model()
+    model = DDP(_SlowForward(net, cost if where == "forward" else 0.0))
+    lb = LoadBalancer(model, dataset_size=len(x), global_batch=64, balancer="lbbsp-cpu", predictor="ema", seed=1,
+                      monitor=fixed_metrics)
+    loader = lb.data_loader(_SlowDataset(x, y, cost if where == "load" else 0.0))  # no workers: the main process
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for xb, yb in loader:
+        loss = lb.scale(F.cross_entropy(model(xb), yb))
+        loss.backward()
+        if where == "after_backward":
+            time.sleep(len(xb) * cost)
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    if rank == 0:
+        np.save(os.path.join(out, f"where-{where}.npy"), lb.batch_sizes)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("where", ["load", "forward", "after_backward"])
+def test_rank_slowed_anywhere_in_the_step_gets_fewer_samples(tmp_path, where):
+    spawn(_where_worker, 3, tmp_path, where)
+    sizes = np.load(tmp_path / f"where-{where}.npy")
+    assert sizes.sum() == 64
+    assert sizes[2] < 0.5 * min(sizes[0], sizes[1]), (where, sizes)
+
+
+# ---- a mean-reduced loss through lb.scale (with an L2 term inside) equals one process ----
+
+L2 = 1e-2
+
+
+def _l2(model):
+    return sum((p * p).sum() for p in model.parameters())
+
+
+def _mean_worker(rank, world, store, out, steps, global_batch):
+    init(rank, world, store)
+    x, y = data()
+    model = DDP(make_model())
+    lb = LoadBalancer(model, dataset_size=N, global_batch=global_batch, balancer="random:5", seed=3,
+                      monitor=fixed_metrics)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sizes = []
+    for g in range(steps):
+        idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+        sizes.append(lb.batch_sizes.tolist())
+        loss = lb.scale(F.cross_entropy(model(x[idx]), y[idx]) + L2 * _l2(model.module))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
+    np.save(os.path.join(out, f"mean-{rank}.npy"), params)
+    pickle.dump(sizes, open(os.path.join(out, f"mean-sizes-{rank}.pkl"), "wb"))
+    dist.destroy_process_group()
+
+
+def one_process_mean(steps, global_batch, seed=3, l2=0.0):
+    """One process, the mean loss over the global batch (+ l2 x the squared parameters)."""
+    x, y = data()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    per_epoch = lbbsp.steps_per_epoch(N, global_batch)
+    for g in range(steps):
+        epoch, step = divmod(g, per_epoch)
+        idx = torch.from_numpy(lbbsp.epoch_permutation(N, seed, epoch)[step * global_batch:(step + 1) * global_batch])
+        loss = F.cross_entropy(model(x[idx]), y[idx]) + l2 * _l2(model)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
+
+
+def test_scaled_mean_loss_with_l2_equals_one_process(tmp_path):
+    world, steps, X = 3, 20, 24
+    spawn(_mean_worker, world, tmp_path, steps, X)
+    sizes = np.array(pickle.load(open(tmp_path / "mean-sizes-0.pkl", "rb")))
+    assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
+    ref = one_process_mean(steps, X, l2=L2)
+    for r in range(world):
+        got = np.load(tmp_path / f"mean-{r}.npy")
+        rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
+
+
+# ---- the common mistake, an unscaled mean loss, warns; timed() is deprecated ----
+
+
+def _loss_check_worker(rank, world, store, out):
+    import warnings
+    init(rank, world, store)
+    x, y = data()
+    result = {}
+    for name in ("unscaled", "scaled", "sum", "opted_out"):
+        model = DDP(make_model())
+        lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:2", seed=1,
+                          monitor=fixed_metrics, check_loss=name != "opted_out")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for g in range(3):
+                idx = torch.from_numpy(lb.indices(0, g))
+                if name == "scaled":
+                    loss = lb.scale(F.cross_entropy(model(x[idx]), y[idx]))
+                elif name == "sum":
+                    loss = lb.scale(F.cross_entropy(model(x[idx]), y[idx], reduction="sum"), reduction="sum")
+                elif name == "opted_out":
+                    loss = F.cross_entropy(model(x[idx]), y[idx], reduction="sum") / lb.global_batch
+                else:
+                    loss = F.cross_entropy(model(x[idx]), y[idx])  # the mistake
+                loss.backward()
+                lb.step()
+            with lb.timed():
+                pass
+        result[name] = [str(w.message) for w in caught if "lb.scale" in str(w.message)]
+        result[name + "-timed"] = [w.category.__name__ for w in caught if "timed()" in str(w.message)]
+    try:
+        lb.scale(torch.zeros(3))
+        result["vector"] = "no error"
+    except ValueError as e:
+        result["vector"] = str(e)
+    pickle.dump(result, open(os.path.join(out, f"loss-{rank}.pkl"), "wb"))
+    dist.destroy_process_group()
+
+
+def test_unscaled_mean_loss_warns_once(tmp_path):
+    spawn(_loss_check_worker, 2, tmp_path)
+    for r in range(2):
+        got = pickle.load(open(tmp_path / f"loss-{r}.pkl", "rb"))
+        assert len(got["unscaled"]) == 1 and "reduction='mean'" in got["unscaled"][0], got
+        assert got["scaled"] == got["sum"] == got["opted_out"] == [], got
+        assert got["scaled-timed"] == ["DeprecationWarning"], got
+        assert "must be a scalar tensor" in got["vector"], got
+
+
+# ---- a DataLoader over an HDF5 file, 2 workers, reused over epochs, resumed mid-epoch: equals one process ----
+
+
+class _H5Dataset(torch.utils.data.Dataset):
+    """Map-style: sample i of an HDF5 file read through h5py, the file opened in each worker process."""
+
+    def __init__(self, path):
+        import h5py
+        self.path, self.file = path, None
+        with h5py.File(path, "r") as f:
+            self.n = len(f["y"])
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import h5py
+        if self.file is None:
+            self.file = h5py.File(self.path, "r")
+        return torch.from_numpy(self.file["x"][i]), int(self.file["y"][i])
+
+
+def _h5_worker(rank, world, store, out, phase, stop):
+    from lbbsp.torch import required_lag
+    init(rank, world, store)
+    model_net = make_model()
+    opt_state = None
+    if phase == "resume":
+        ckpt = torch.load(os.path.join(out, "ckpt.pt"))
+        model_net.load_state_dict(ckpt["model"])
+        opt_state = ckpt["opt"]
+    model = DDP(model_net)
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=4, min_batch=0,
+                      lag=required_lag(2, 1), monitor=fixed_metrics)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if phase == "resume":
+        lb.load_state_dict(ckpt["lb"])
+        opt.load_state_dict(opt_state)
+    ds = _H5Dataset(os.path.join(out, "data.h5"))
+    loader = lb.data_loader(ds, num_workers=2, prefetch_factor=1, persistent_workers=True)
+    x, y = data()
+    lengths, sizes = [], []
+    for epoch in range(lb.epoch, 2):
+        loader.batch_sampler.set_epoch(epoch)
+        lengths.append(len(loader))
+        for xb, yb in loader:
+            g = lb.global_step
+            want = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+            assert torch.equal(xb, x[want]) and torch.equal(yb, y[want]), f"step {g}: not this rank's samples"
+            sizes.append(lb.batch_sizes.tolist())
+            loss = lb.scale(F.cross_entropy(model(xb), yb))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            lb.step()
+            if lb.global_step == stop:
+                break
+        if lb.global_step == stop:
+            break
+    result = {"lengths": lengths, "sizes": sizes}
+    if phase == "first":
+        if rank == 0:
+            torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "lb": lb.state_dict()},
+                       os.path.join(out, "ckpt.pt"))
+        errors = {}
+        for name, call in (("past_epoch", lambda: (loader.batch_sampler.set_epoch(0), iter(loader.batch_sampler)
+                                                   .__next__())),
+                           ("past_step", lambda: lb.indices(0, 0)),
+                           ("lag", lambda: lb.data_loader(ds, num_workers=2, prefetch_factor=2))):
+            try:
+                call()
+                errors[name] = "no error"
+            except (RuntimeError, ValueError) as e:
+                errors[name] = str(e)
+        result["errors"] = errors
+    else:
+        result["params"] = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
+    loader = None  # persistent workers end here
+    pickle.dump(result, open(os.path.join(out, f"h5-{phase}-{rank}.pkl"), "wb"))
+    dist.destroy_process_group()
+
+
+def test_h5_dataloader_workers_resume_equals_one_process(tmp_path):
+    import h5py
+    x, y = data()
+    with h5py.File(tmp_path / "data.h5", "w") as f:
+        f["x"], f["y"] = x.numpy(), y.numpy()
+    spawn(_h5_worker, 2, tmp_path, "first", 13)  # stops at step 3 of epoch 1 (10 steps per epoch)
+    if (tmp_path / "store-_h5_worker-2").exists():  # the FileStore's last client may have removed it already
+        os.remove(tmp_path / "store-_h5_worker-2")
+    spawn(_h5_worker, 2, tmp_path, "resume", -1)
+    first = [pickle.load(open(tmp_path / f"h5-first-{r}.pkl", "rb")) for r in range(2)]
+    resumed = [pickle.load(open(tmp_path / f"h5-resume-{r}.pkl", "rb")) for r in range(2)]
+    assert first[0]["lengths"] == [10, 10] and resumed[0]["lengths"] == [7], (first[0], resumed[0])
+    sizes = np.array(first[0]["sizes"] + resumed[0]["sizes"])
+    assert sizes.shape == (20, 2) and (sizes.sum(axis=1) == 24).all()
+    assert (sizes == 0).any(), "random:5 gave no 0-sample rank: empty slices went untested"
+    errors = first[0]["errors"]
+    assert "epoch 0 is past: the run is at step 13 (epoch 1, step 3)" in errors["past_epoch"], errors
+    assert "step 0 of epoch 0 is past: the run is at step 13" in errors["past_step"], errors
+    assert "reads 4 batches ahead" in errors["lag"] and "lag=4" in errors["lag"], errors
+    ref = one_process_mean(20, 24, seed=4)
+    for r in range(2):
+        rel = np.linalg.norm(resumed[r]["params"] - ref) / np.linalg.norm(ref)
+        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
+
+
+# ---- an exception on a non-zero rank in step() ends every rank, naming it ----
+
+
+def _failing_worker(rank, world, store, out):
+    init(rank, world, store)
+    calls = [0]
+
+    def monitor():
+        calls[0] += 1
+        if rank == 2 and calls[0] == 4:
+            raise OSError("sensor exploded")
+        return [1.0, 0.5, 0.0]
+
+    lb = LoadBalancer(None, dataset_size=1000, global_batch=30, balancer="lbbsp-cpu", timeout_s=20,
+                      monitor=monitor)
+    t0 = time.time()
+    result = "finished"
+    try:
+        for g in range(10):
+            lb.record_compute(1e-3)
+            lb.step()
+    except RuntimeError as e:
+        result = str(e)
+    took = time.time() - t0
+    dist.barrier()  # every process stays alive until all have their answer: no rank ends by another's death
+    pickle.dump((result, took), open(os.path.join(out, f"fail-{rank}.pkl"), "wb"))
+    dist.destroy_process_group()
+
+
+def test_error_on_nonzero_rank_ends_every_rank_naming_it(tmp_path):
+    spawn(_failing_worker, 3, tmp_path)
+    for r in range(3):
+        msg, took = pickle.load(open(tmp_path / f"fail-{r}.pkl", "rb"))
+        assert msg.startswith("LoadBalancer: step 3: rank 2 failed in step(): rank 2: OSError: sensor exploded"), msg
+        assert took < 20, f"rank {r} took {took:.1f} s, more than timeout_s"
+
+
+# ---- init_from_env keeps PyTorch's default timeout unless asked ----
+
+
+def test_init_from_env_keeps_default_timeout(monkeypatch):
+    import lbbsp.torch as lt
+    calls = []
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: calls.append(kw))
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                 ("MASTER_PORT", "29999")):
+        monkeypatch.setenv(k, v)
+    assert lt.init_from_env(backend="gloo") == 0
+    assert "timeout" not in calls[-1], calls
+    lt.init_from_env(backend="gloo", timeout_s=42)
+    assert calls[-1]["timeout"] == datetime.timedelta(seconds=42)
+    with pytest.raises(ValueError, match="timeout_s must be a positive"):
+        lt.init_from_env(backend="gloo", timeout_s=0)
+
+
+# ---- the extension is built for one x86-64 baseline, not for the node that built it ----
+
+
+def test_extension_is_portable():
+    """pyproject.toml sets LBBSP_PORTABLE (no -march=native) and python/CMakeLists.txt one baseline, x86-64-v3: the
+    compile flags recorded in the extension (-frecord-gcc-switches) name that -march and no other (a -march=native
+    build records the node's own, e.g. -march=znver3), and its code has no AVX-512 (zmm or mask register)."""
+    import platform
+    import re
+    import shutil
+    import subprocess
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86-64 only")
+    if shutil.which("objdump") is None or shutil.which("readelf") is None:
+        pytest.skip("no objdump/readelf (binutils)")
+    src = os.environ.get("LBBSP_SOURCE_DIR") or os.path.join(os.path.dirname(__file__), "..", "..")
+    assert re.search(r'^LBBSP_PORTABLE\s*=\s*"ON"', open(os.path.join(src, "pyproject.toml")).read(), re.M)
+    so = lbbsp._lbbsp.__file__
+    switches = subprocess.run(["readelf", "-p", ".GCC.command.line", so], capture_output=True, text=True).stdout
+    assert "-O" in switches, f"no compile flags recorded in {so}: {switches[:300]}"
+    assert set(re.findall(r"-march=(\S+)", switches)) == {"x86-64-v3"}, switches
+    assert "native" not in switches, switches
+    text = subprocess.run(["objdump", "-d", "--no-show-raw-insn", so], capture_output=True, text=True,
+                          check=True).stdout
+    assert len(text) > 10000, "objdump printed almost nothing"
+    avx512 = [line for line in text.splitlines() if re.search(r"%zmm\d|%k[1-7]\b", line)]
+    assert avx512 == [], f"{len(avx512)} AVX-512 instructions in {so}, e.g. {avx512[:3]}"

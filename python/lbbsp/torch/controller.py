@@ -1,0 +1,440 @@
+"""LoadBalancer: the per-step controller (measurement, loss scaling, the exchange with rank 0, state)."""
+
+import contextlib
+import datetime
+import time
+import warnings
+import weakref
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import lbbsp
+
+from ._util import _positive_int
+from .hooks import sum_allreduce_hook
+from .monitor import ResourceMonitor
+from .sampler import AllowEmpty, BalancedBatchSampler, required_lag
+
+_EXO = 3  # cpu_avail, mem_avail, load: what the C++ runtime reports (runtime/monitor.cpp)
+_REPORT = 2 + _EXO + 2  # batch, compute seconds, exo..., memory cap, status (0 ok, 1 this rank failed)
+
+
+class LoadBalancer:
+    """Re-sizes every rank's share of a fixed global batch each step (LB-BSP) on torch.distributed.
+
+    Args:
+        model: the ``DistributedDataParallel`` model (its gradients get the SUM hook, which also times the step's
+            wait in the gradient allreduce; plain BatchNorm layers get a warning once sizes differ), or None to
+            register no hook (sum the gradients yourself; the step is then timed from step() to step()).
+        dataset_size: training samples n; an epoch is ``n // global_batch`` steps of the seeded permutation.
+        global_batch: samples per step over all ranks (X).
+        balancer, predictor, seed, min_batch: as for ``lbbsp train`` (``bsp``, ``static[:K]``, ``random:SEED``,
+            ``lbbsp-cpu``, ``lbbsp-gpu``, ``lbbsp-gpu-model``; predictors ``narx``, ``arima``, ``ema``, ``last``).
+        lag: 0 decides step k+1's sizes after step k; L > 0 decides step k+L+1's (a DataLoader with workers
+            needs ``lag >= required_lag(num_workers, prefetch_factor)``).
+        process_group: the group to balance over (default: the whole world).
+        timeout_s: a rank that does not report within this many seconds ends the step with an error naming it.
+        monitor: a callable returning this rank's [cpu_avail, mem_avail, load] for the step just done
+            (default: ResourceMonitor().sample, from /proc as the C++ runtime measures them).
+        check_loss: warn (once) when a backward pass reaches the gradient allreduce in a step in which
+            ``scale()`` was not called: an unscaled mean loss gives wrong gradients. False if the loss is
+            already scaled by hand (a sum over the rank's samples divided by ``global_batch``).
+
+    Loss: the gradients are SUMMED over ranks, so each rank's loss must be its share of the global batch's loss.
+    ``loss = lb.scale(loss)`` does that for a loss that is the mean over this rank's samples (PyTorch's default
+    ``reduction="mean"``), ``lb.scale(loss, reduction="sum")`` for a sum. A term that depends on the parameters
+    only (an L2 penalty, a KL to a prior) goes inside ``scale()`` with the data loss, ``lb.scale(mean + l2)``: it
+    is weighted n_r / X on each rank, which adds up to one over the ranks; added outside ``scale()`` on every rank
+    it counts world-size times. (Weight decay in the optimizer acts after the allreduce and needs nothing.)
+    """
+
+    def __init__(self, model: Optional[torch.nn.Module], dataset_size: int, global_batch: int,
+                 balancer: str = "lbbsp-cpu", predictor: str = "narx", seed: int = 1, min_batch: int = 0,
+                 lag: int = 0, process_group: Optional[dist.ProcessGroup] = None, timeout_s: float = 300.0,
+                 monitor: Optional[Callable[[], List[float]]] = None, check_loss: bool = True) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("LoadBalancer: call torch.distributed.init_process_group() first")
+        self.dataset_size = _positive_int(dataset_size, "dataset_size")
+        self.global_batch = _positive_int(global_batch, "global_batch")
+        if self.global_batch > self.dataset_size:
+            raise ValueError(f"LoadBalancer: global_batch {global_batch} exceeds dataset_size {dataset_size}")
+        self.lag = _positive_int(lag, "lag", 0)
+        self.seed = _positive_int(seed, "seed", 0)
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"LoadBalancer: timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        self.timeout_s = float(timeout_s)
+        parent = process_group if process_group is not None else dist.group.WORLD
+        self.rank, self.world_size = dist.get_rank(parent), dist.get_world_size(parent)
+        self._ranks = dist.get_process_group_ranks(parent) if hasattr(dist, "get_process_group_ranks") else \
+            list(range(self.world_size))
+        self._root = self._ranks[0]  # global rank of the group's rank 0
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        # Control traffic in groups of their own (gloo: small CPU tensors), so a timeout here is ours to report.
+        self._group = dist.new_group(ranks=self._ranks, backend="gloo", timeout=timeout)
+        self._health = dist.new_group(ranks=self._ranks, backend="gloo", timeout=timeout)
+        # Every rank builds the balancer (so bad arguments raise everywhere alike); only rank 0's decides.
+        self._balancer = lbbsp.Balancer(balancer, workers=self.world_size, global_batch=self.global_batch,
+                                        predictor=predictor, seed=self.seed, min_batch=min_batch, num_exo=_EXO,
+                                        capacity_exo=0)
+        self.steps_per_epoch = lbbsp.steps_per_epoch(self.dataset_size, self.global_batch)
+        self._sizes: Dict[int, np.ndarray] = {k: self._balancer.initial() for k in range(self.lag + 1)}
+        self._step = 0  # global step (over epochs) that the next step() closes
+        self._perm_epoch, self._perm = -1, None
+        self._monitor = monitor if monitor is not None else ResourceMonitor().sample
+        if not callable(self._monitor):
+            raise TypeError(f"LoadBalancer: monitor must be callable, got {type(monitor).__name__}")
+        if not isinstance(check_loss, bool):
+            raise TypeError(f"LoadBalancer: check_loss must be True or False, got {check_loss!r}")
+        self._check_loss, self._warned_loss, self._scaled_step = check_loss, False, -1
+        self._bytes_per_sample = 0.0
+        # Seconds this rank spent in step(): in all ("step_s": the exchange, which also waits for ranks still
+        # finishing their step) and, on rank 0, deciding ("decide_s").
+        self.timing = {"step_s": 0.0, "decide_s": 0.0}
+        if model is not None and not hasattr(model, "register_comm_hook"):
+            raise TypeError("LoadBalancer: model must be a DistributedDataParallel (or None to sum gradients "
+                            f"yourself), got {type(model).__name__}")
+        self._model = model
+        self._plain_bn = model is not None and any(
+            isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm)
+            for m in model.modules())
+        self._warned_bn = self._warned_timed = False
+        # DDP needs its module on the device before wrapping, so where the parameters live is fixed from here on.
+        first = next(model.parameters(), None) if model is not None else None
+        self._cuda = first is not None and first.is_cuda
+        self._device = first.device if self._cuda else None
+        if model is not None:
+            # The hook holds the LoadBalancer weakly: no reference cycle (model -> hook -> self -> model), so a
+            # dropped LoadBalancer and its process groups go at once, in the thread that drops them, and not in
+            # a garbage collection that may run anywhere (in a gloo thread's callback, say).
+            me = weakref.ref(self)
+
+            def hook(state: Optional[dist.ProcessGroup], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+                lb = me()
+                return lb._sum_hook(state, bucket) if lb is not None else sum_allreduce_hook(state, bucket)
+            model.register_comm_hook(getattr(model, "process_group", None), hook)
+        self._restart_clock()
+
+    # ---- what a training loop asks for ----
+
+    @property
+    def global_step(self) -> int:
+        """Steps completed so far over all epochs (the step the next indices() call is for)."""
+        return self._step
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of ``global_step`` (where a resumed run continues)."""
+        return self._step // self.steps_per_epoch
+
+    @property
+    def batch_sizes(self) -> np.ndarray:
+        """Every rank's batch size at the current step (the same array on every rank)."""
+        return self.sizes_at(self._step)
+
+    def _where(self, global_step: int) -> str:
+        epoch, step = divmod(global_step, self.steps_per_epoch)
+        return f"epoch {epoch}, step {step}"
+
+    def sizes_at(self, global_step: int) -> np.ndarray:
+        """Batch vector of a global step that is already decided (up to ``global_step + lag``)."""
+        if global_step not in self._sizes:
+            epoch, step = divmod(global_step, self.steps_per_epoch)
+            if global_step < self._step:
+                raise RuntimeError(f"LoadBalancer: step {step} of epoch {epoch} is past: the run is at step "
+                                   f"{self._step} ({self._where(self._step)}); continue from lb.global_step "
+                                   "(a sampler from lb.batch_sampler() starts there by itself)")
+            known = sorted(self._sizes)
+            raise RuntimeError(f"LoadBalancer: the sizes of step {step} of epoch {epoch} (global step "
+                               f"{global_step}) are not decided yet: the run is at step {self._step} and decides "
+                               f"lag={self.lag} steps ahead (known: steps {known[0]}..{known[-1]}); a DataLoader "
+                               "prefetching P batches ahead needs lag >= P (num_workers * prefetch_factor: "
+                               "lbbsp.torch.required_lag)")
+        return self._sizes[global_step].copy()
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The epoch's sample order (lbbsp.epoch_permutation(n, seed, epoch)), cached for the current epoch."""
+        if epoch != self._perm_epoch:
+            self._perm, self._perm_epoch = lbbsp.epoch_permutation(self.dataset_size, self.seed, epoch), epoch
+        return self._perm
+
+    def indices(self, epoch: int, step: int) -> np.ndarray:
+        """This rank's sample indices (int64, possibly empty) for ``step`` of ``epoch``."""
+        step = _positive_int(step, "step", 0)
+        if step >= self.steps_per_epoch:
+            raise ValueError(f"LoadBalancer: step {step} is past the epoch's {self.steps_per_epoch} steps")
+        sizes = self.sizes_at(_positive_int(epoch, "epoch", 0) * self.steps_per_epoch + step)
+        if self._plain_bn and not self._warned_bn and len(set(sizes.tolist())) > 1:
+            warnings.warn("LoadBalancer: the model has plain BatchNorm layers and the ranks' batch sizes differ: "
+                          "each rank normalises over its own batch (a rank with 1 sample cannot). Use "
+                          "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model), which weights by count.")
+            self._warned_bn = True
+        return lbbsp.rank_indices(self.permutation(epoch), step, sizes, self.rank)
+
+    def scale(self, loss: torch.Tensor, reduction: str = "mean", count: Optional[int] = None) -> torch.Tensor:
+        """This rank's share of the global batch's loss, for the SUM of gradients over ranks.
+
+        ``reduction="mean"`` (PyTorch's default): ``loss`` is the mean over this rank's samples of the step
+        (``count`` of them if given, e.g. one micro-batch; default this rank's batch size) and is multiplied by
+        count / global_batch; with 0 samples (a mean of nothing, NaN) the result is 0 with a zero gradient.
+        ``reduction="sum"``: ``loss`` is the sum over the rank's samples and is divided by global_batch.
+        Terms that depend on parameters only (an L2 penalty) belong inside: ``lb.scale(mean_loss + l2)`` weights
+        them n_r / X on each rank, which sums to one over the ranks; outside, every rank adds them in full."""
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise ValueError("LoadBalancer.scale: loss must be a scalar tensor (reduce it first: the mean or the "
+                             f"sum over this rank's samples), got {type(loss).__name__}"
+                             f"{' of shape ' + str(tuple(loss.shape)) if isinstance(loss, torch.Tensor) else ''}")
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"LoadBalancer.scale: reduction must be 'mean' or 'sum', got {reduction!r}")
+        n = int(self._sizes[self._step][self.rank]) if count is None else _positive_int(count, "count", 0)
+        self._scaled_step = self._step
+        if reduction == "sum":
+            return loss / self.global_batch
+        if n == 0:
+            return torch.nan_to_num(loss * 0.0, nan=0.0, posinf=0.0, neginf=0.0)
+        return loss * (n / self.global_batch)
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        """Deprecated, does nothing: every step is now measured from leaving one step() to entering the next,
+        less the gradient allreduce's wait (so no work of the step can fall outside the measure)."""
+        if not self._warned_timed:
+            self._warned_timed = True
+            warnings.warn("LoadBalancer.timed() is deprecated and does nothing: the whole step is measured (from "
+                          "step() to step(), less the wait in the gradient allreduce); remove the `with "
+                          "lb.timed():`, and use lb.untimed() for work that should not count", DeprecationWarning,
+                          stacklevel=3)
+        yield
+
+    @contextlib.contextmanager
+    def untimed(self) -> Iterator[None]:
+        """Work in this block does not count in this rank's step time (a rank-0 evaluation, a checkpoint)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._untimed_s += time.perf_counter() - t0
+
+    def record_compute(self, seconds: float) -> None:
+        """Reports this step's time as measured by the caller: the sum of the calls in a step replaces the
+        step's own measure (for emulated or externally timed work)."""
+        if not (isinstance(seconds, (int, float)) and np.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"LoadBalancer.record_compute: seconds must be finite and >= 0, got {seconds!r}")
+        self._recorded_s = (self._recorded_s or 0.0) + float(seconds)
+
+    # ---- measurement: from leaving step() to entering the next, less the gradient allreduce's wait ----
+
+    def _restart_clock(self) -> None:
+        self._wait_s, self._untimed_s, self._recorded_s = 0.0, 0.0, None
+        self._ready_s, self._events = None, []
+        if self._cuda:
+            with torch.cuda.device(self._device):
+                torch.cuda.reset_peak_memory_stats()
+                self._mem_base = torch.cuda.memory_allocated()
+        self._clock_s = time.perf_counter()
+
+    def _sum_hook(self, process_group: Optional[dist.ProcessGroup],
+                  bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """The SUM hook, timing this rank's wait: from its last bucket ready to that bucket's allreduce done."""
+        if self._check_loss and not self._warned_loss and self._scaled_step != self._step:
+            self._warned_loss = True
+            warnings.warn(f"LoadBalancer: step {self._step}: backward ran without lb.scale(loss). The gradients are "
+                          "SUMMED over ranks, so a loss that is the mean over this rank's samples (PyTorch's "
+                          "default reduction='mean') gives gradients world-size times too large and weighted "
+                          "unevenly. Write loss = lb.scale(loss) (or lb.scale(loss, reduction='sum') for a sum); "
+                          "pass check_loss=False if the loss is already the rank's sum / lb.global_batch.")
+        tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
+        group = process_group if process_group is not None else dist.group.WORLD
+        last = bucket.is_last() if hasattr(bucket, "is_last") else False
+        if last:
+            self._ready_s = time.perf_counter()
+            if self._cuda:
+                ready = torch.cuda.Event(enable_timing=True)
+                ready.record()
+        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+        if not last:
+            return fut.then(lambda f: f.value()[0])
+
+        def done(f: torch.futures.Future) -> torch.Tensor:
+            if self._cuda:
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                self._events.append((ready, end))
+            elif self._ready_s is not None:
+                self._wait_s += time.perf_counter() - self._ready_s
+            return f.value()[0]
+        return fut.then(done)
+
+    def _measured_s(self) -> float:
+        """This step's time: since the last step() (the constructor for step 0), less the allreduce's wait and
+        the untimed() blocks. On CUDA the device's queued work is waited for first, and the wait comes from
+        events recorded on the device's stream."""
+        if self._cuda:
+            torch.cuda.synchronize(self._device)
+            self._wait_s += sum(a.elapsed_time(b) for a, b in self._events) / 1e3
+            peak = torch.cuda.max_memory_allocated(self._device) - self._mem_base
+            n = int(self._sizes[self._step][self.rank])
+            if n > 0 and peak > 0:
+                self._bytes_per_sample = peak / n
+        return max(0.0, time.perf_counter() - self._clock_s - self._wait_s - self._untimed_s)
+
+    # ---- the exchange ----
+
+    def step(self) -> np.ndarray:
+        """Ends the step: every rank's report reaches rank 0, which decides and broadcasts the next sizes.
+        Returns the batch vector of the coming step. An error on any rank while building its report (its
+        monitor raising, say) or on rank 0 while deciding ends the step on every rank with a RuntimeError that
+        names the rank and carries its message."""
+        k = self._step
+        n = float(self._sizes[k][self.rank])
+        error: Optional[BaseException] = None
+        try:
+            compute = self._recorded_s if self._recorded_s is not None else self._measured_s()
+            report = torch.tensor([n, compute, *self._metrics(), float(self._mem_cap()), 0.0], dtype=torch.float64)
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
+            error = e
+            report = torch.zeros(_REPORT, dtype=torch.float64)
+            report[0], report[-1] = n, 1.0
+        gathered = [torch.zeros_like(report) for _ in range(self.world_size)] if self.rank == 0 else None
+        t_exchange = time.perf_counter()
+        self._collective(lambda: dist.gather(report, gathered, dst=self._root, group=self._group), k, "report")
+        # [0, sizes...] decided; [1, mask...] the ranks in the mask failed (the first one's message follows)
+        decided = torch.zeros(self.world_size + 1, dtype=torch.int64)
+        if self.rank == 0:
+            reports = torch.stack(gathered).numpy()
+            failed = reports[:, -1] != 0
+            if failed.any():
+                decided[0], decided[1:] = 1, torch.from_numpy(failed.astype(np.int64))
+            else:
+                try:
+                    t_decide = time.perf_counter()
+                    decided[1:] = torch.from_numpy(self._decide(reports, k))
+                    self.timing["decide_s"] += time.perf_counter() - t_decide
+                except Exception as e:  # noqa: BLE001
+                    error = e
+                    decided[0], decided[1:], decided[1] = 1, 0, 1
+        self._collective(lambda: dist.broadcast(decided, src=self._root, group=self._group), k, "sizes")
+        if int(decided[0]) != 0:
+            self._fail(k, [int(r) for r in np.flatnonzero(decided[1:].numpy())], error)
+        self.timing["step_s"] += time.perf_counter() - t_exchange
+        self._sizes[k + self.lag + 1] = decided[1:].numpy().copy()
+        del self._sizes[k]
+        self._step = k + 1
+        self._restart_clock()
+        return self._sizes[k + 1].copy()
+
+    def _fail(self, k: int, failed: List[int], error: Optional[BaseException]) -> None:
+        """Every rank raises, naming the failed ranks and carrying the first one's message."""
+        src = failed[0]
+        message = [f"{type(error).__name__}: {error}" if self.rank == src else None]
+        try:
+            self._collective(lambda: dist.broadcast_object_list(message, src=self._ranks[src], group=self._group),
+                             k, "the error")
+        except RuntimeError as e:
+            message = [f"(its message did not arrive: {e})"]
+        who = f"rank {src}" if len(failed) == 1 else f"ranks {', '.join(map(str, failed))}"
+        where = "" if self.rank == src else f" (this is rank {self.rank}; see rank {src}'s log for the traceback)"
+        raise RuntimeError(f"LoadBalancer: step {k}: {who} failed in step(): rank {src}: {message[0]}{where}") \
+            from error
+
+    def _decide(self, reports: np.ndarray, k: int) -> np.ndarray:
+        batch = reports[:, 0].round().astype(np.int64)
+        if not np.array_equal(batch, self._sizes[k]):
+            raise RuntimeError(f"LoadBalancer: step {k}: the ranks report batches {batch.tolist()}, not the "
+                               f"decided {self._sizes[k].tolist()} (were indices() and step() called in order?)")
+        exo = reports[:, 2:2 + _EXO]
+        caps = reports[:, 2 + _EXO]
+        mem_cap = np.full(len(caps), np.iinfo(np.int64).max, dtype=np.int64)  # 0 reported: no cap
+        mem_cap[caps > 0] = caps[caps > 0].astype(np.int64)
+        return self._balancer.next(batch=batch, compute_s=reports[:, 1], exo=exo, exo_next=exo, mem_cap=mem_cap)
+
+    # ---- checkpoints ----
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The controller's state; save rank 0's (it alone holds the balancer's), load it on every rank."""
+        return {"version": 1, "world_size": self.world_size, "global_batch": self.global_batch,
+                "dataset_size": self.dataset_size, "seed": self.seed, "lag": self.lag, "step": self._step,
+                "sizes": {k: v.tolist() for k, v in self._sizes.items()},
+                "balancer": self._balancer.save_state() if self.rank == 0 else None}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        for key in ("world_size", "global_batch", "dataset_size", "seed", "lag"):
+            if state.get(key) != getattr(self, key):
+                raise ValueError(f"LoadBalancer.load_state_dict: {key} is {state.get(key)!r} in the state and "
+                                 f"{getattr(self, key)!r} here: resume with the same settings")
+        if self.rank == 0:
+            if state.get("balancer") is None:
+                raise ValueError("LoadBalancer.load_state_dict: the state has no balancer state: save it on rank 0")
+            self._balancer.load_state(state["balancer"])
+        self._step = int(state["step"])
+        self._sizes = {int(k): np.asarray(v, dtype=np.int64) for k, v in state["sizes"].items()}
+        self._restart_clock()
+
+    # ---- DataLoader ----
+
+    def batch_sampler(self, epoch: Optional[int] = None) -> "BalancedBatchSampler":
+        """A DataLoader ``batch_sampler`` yielding this rank's indices for every step of an epoch: the epoch of
+        ``global_step`` (from its current step, so a resumed run continues mid-epoch) unless ``epoch`` or
+        ``set_epoch()`` fixes one. One sampler (and one DataLoader) serves every epoch."""
+        return BalancedBatchSampler(self, epoch)
+
+    def data_loader(self, dataset: Any, *, num_workers: int = 0, prefetch_factor: Optional[int] = None,
+                    collate_fn: Optional[Callable[[List[Any]], Any]] = None, epoch: Optional[int] = None,
+                    **kwargs: Any) -> "torch.utils.data.DataLoader":
+        """A DataLoader over ``dataset`` with this balancer's batch sampler (``loader.batch_sampler``), reusable
+        over epochs (also with ``persistent_workers=True``); ``collate_fn`` (default PyTorch's) wrapped in
+        ``AllowEmpty`` so a rank given 0 samples gets an empty batch. Raises ValueError when the loader would
+        read further ahead than ``lag`` decides (``lag < required_lag(num_workers, prefetch_factor)``)."""
+        need = required_lag(num_workers, prefetch_factor)
+        if need > self.lag:
+            raise ValueError(f"LoadBalancer.data_loader: a DataLoader with num_workers={num_workers} and "
+                             f"prefetch_factor={2 if prefetch_factor is None else prefetch_factor} reads {need} "
+                             f"batches ahead, but this LoadBalancer decides lag={self.lag} steps ahead: construct "
+                             f"it with lag={need} (lbbsp.torch.required_lag({num_workers}, {prefetch_factor})) or "
+                             "read fewer batches ahead")
+        for owned in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
+            if owned in kwargs:
+                raise TypeError(f"LoadBalancer.data_loader: {owned} is set by the balancer's batch sampler; "
+                                "leave it out")
+        if num_workers > 0 and prefetch_factor is not None:
+            kwargs["prefetch_factor"] = prefetch_factor
+        return torch.utils.data.DataLoader(dataset, batch_sampler=self.batch_sampler(epoch),
+                                           num_workers=num_workers, collate_fn=AllowEmpty(dataset, collate_fn),
+                                           **kwargs)
+
+    # ---- internals ----
+
+    def _metrics(self) -> List[float]:
+        m = [float(v) for v in self._monitor()]
+        if len(m) != _EXO or not all(np.isfinite(m)):
+            raise ValueError(f"LoadBalancer: monitor must return [cpu_avail, mem_avail, load], got {m}")
+        return m
+
+    def _mem_cap(self) -> int:
+        """Most samples this rank can hold: 0 (no cap) on the CPU; on CUDA the free memory
+        (torch.cuda.mem_get_info) over the bytes per sample seen at the last step's peak, plus that batch."""
+        if not self._cuda or self._bytes_per_sample <= 0:
+            return 0
+        free, _ = torch.cuda.mem_get_info(self._device)
+        return max(1, int(free / self._bytes_per_sample) + int(self._sizes[self._step][self.rank]))
+
+    def _collective(self, run, k: int, what: str) -> None:
+        try:
+            run()
+        except RuntimeError as e:
+            raise RuntimeError(f"LoadBalancer: step {k}: exchanging {what} failed on rank {self.rank}: "
+                               f"{self._missing_ranks()}; {str(e).splitlines()[0]}") from None
+
+    def _missing_ranks(self) -> str:
+        """Which ranks do not answer: a monitored barrier on the health group names them."""
+        try:
+            dist.monitored_barrier(group=self._health, timeout=datetime.timedelta(seconds=min(10.0, self.timeout_s)),
+                                   wait_all_ranks=True)
+        except RuntimeError as e:
+            text = str(e).splitlines()[0]
+            return f"not answering: {text}"
+        except Exception as e:  # noqa: BLE001 - report whatever the barrier said
+            return f"health check failed: {e}"
+        return "every rank answered a health check afterwards"

@@ -1,0 +1,102 @@
+"""DataLoader pieces: the batch sampler over a LoadBalancer, the lag a DataLoader needs, an empty-batch collate."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional
+
+import numpy as np
+import torch
+
+from ._util import _positive_int
+
+if TYPE_CHECKING:
+    from .controller import LoadBalancer
+
+
+def required_lag(num_workers: int, prefetch_factor: Optional[int] = None) -> int:
+    """The batches a DataLoader reads ahead of the one being trained, so the ``lag`` its batch sampler needs:
+    0 without workers, else ``num_workers * prefetch_factor`` (PyTorch's default prefetch_factor is 2)."""
+    workers = _positive_int(num_workers, "num_workers", 0)
+    if workers == 0:
+        return 0
+    return workers * (2 if prefetch_factor is None else _positive_int(prefetch_factor, "prefetch_factor", 1))
+
+
+def _empty_like(batch: Any) -> Any:
+    """A collated batch of one sample cut to zero samples: tensors and arrays to [:0], containers element-wise."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return batch[:0]
+    if isinstance(batch, dict):
+        return type(batch)((k, _empty_like(v)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_empty_like(v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        if batch and all(isinstance(v, str) for v in batch):
+            return type(batch)()  # a batch of strings
+        return type(batch)(_empty_like(v) for v in batch)
+    return batch
+
+
+class AllowEmpty:
+    """A DataLoader ``collate_fn`` that also collates an empty index list (a rank given 0 samples): the batch of
+    ``dataset[0]`` cut to zero samples, so tensors keep their dtype and trailing shape. PyTorch's default collate
+    raises IndexError on an empty list. ``LoadBalancer.data_loader`` wraps its collate_fn in this."""
+
+    def __init__(self, dataset: Any, collate_fn: Optional[Callable[[List[Any]], Any]] = None) -> None:
+        if collate_fn is None:
+            from torch.utils.data import default_collate
+            collate_fn = default_collate
+        self.dataset, self.collate_fn, self._empty = dataset, collate_fn, None
+
+    def __call__(self, batch: List[Any]) -> Any:
+        if len(batch):
+            return self.collate_fn(batch)
+        if self._empty is None:
+            if len(self.dataset) == 0:
+                raise ValueError("AllowEmpty: the dataset is empty, so there is no sample to take the batch's "
+                                 "layout from")
+            self._empty = _empty_like(self.collate_fn([self.dataset[0]]))
+        return self._empty
+
+
+class BalancedBatchSampler:
+    """DataLoader ``batch_sampler`` over a LoadBalancer: yields this rank's index list of each step of an epoch,
+    as far ahead as the controller's ``lag`` allows. The epoch is the run's (``lb.epoch``) unless
+    ``set_epoch()`` fixes it; iteration starts at the run's current step of that epoch (``lb.global_step``), so
+    one sampler serves every epoch and a resumed run continues mid-epoch with no user code."""
+
+    def __init__(self, lb: LoadBalancer, epoch: Optional[int] = None) -> None:
+        self.lb, self._started = lb, None  # (epoch, first step) of the latest iteration
+        self._epoch = None if epoch is None else _positive_int(epoch, "epoch", 0)
+
+    def set_epoch(self, epoch: Optional[int]) -> None:
+        """The epoch the next iteration covers (None: the run's current epoch), checked when iterating."""
+        self._epoch = None if epoch is None else _positive_int(epoch, "epoch", 0)
+
+    def _plan(self):
+        lb, spe = self.lb, self.lb.steps_per_epoch
+        g = lb.global_step
+        epoch = g // spe if self._epoch is None else self._epoch
+        if g >= (epoch + 1) * spe:
+            raise RuntimeError(f"BalancedBatchSampler: epoch {epoch} is past: the run is at step {g} "
+                               f"({lb._where(g)}); call set_epoch({g // spe}) before iterating, or set_epoch(None) "
+                               "to follow the run")
+        if g < epoch * spe:
+            raise RuntimeError(f"BalancedBatchSampler: epoch {epoch} has not begun: the run is at step {g} "
+                               f"({lb._where(g)}), and steps are taken in order; call set_epoch({g // spe}) or "
+                               "set_epoch(None) to follow the run")
+        return epoch, g - epoch * spe
+
+    def __len__(self) -> int:
+        """Steps the current (or next) iteration yields: the epoch's, less those done before it began."""
+        spe, g = self.lb.steps_per_epoch, self.lb.global_step
+        epoch = g // spe if self._epoch is None else self._epoch
+        if self._started is not None and self._started[0] == epoch and g < (epoch + 1) * spe:
+            return spe - self._started[1]  # iterating this epoch: where the iteration began
+        return spe - self._plan()[1]
+
+    def __iter__(self) -> Iterator[List[int]]:
+        epoch, start = self._plan()
+        self._started = (epoch, start)
+        for step in range(start, self.lb.steps_per_epoch):
+            yield self.lb.indices(epoch, step).tolist()
