@@ -6,6 +6,7 @@ an exception on one rank ending all with it named, a hung rank named by the othe
 timeout, and a portable extension."""
 
 import datetime
+import gc
 import os
 import pickle
 import time
@@ -458,6 +459,8 @@ def _loss_check_worker(rank, world, store, out):
     x, y = data()
     result = {}
     for name in ("unscaled", "scaled", "sum", "opted_out"):
+        model = lb = None
+        gc.collect()  # the previous pair and its process groups go here, in this thread, not in a gloo callback's
         model = DDP(make_model())
         lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:2", seed=1,
                           monitor=fixed_metrics, check_loss=name != "opted_out")
