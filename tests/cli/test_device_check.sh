@@ -17,9 +17,12 @@ OUT=$out timeout 500 "$ROOT/scripts/device_check.sh" --dry-run --lbbsp "$LBBSP" 
 awk -F'\t' 'NR == 1 && $0 != "step\tstatus\tseconds\tnote" {exit 1} NF != 4 {exit 1}' "$out/status.tsv" ||
   fail "status.tsv is not 'step status seconds note' with 4 fields a line: $(cat "$out/status.tsv")"
 steps=$(awk -F'\t' 'NR > 1 {print $1}' "$out/status.tsv" | tr '\n' ' ')
+# The dry run times the kernels on 1 and 2 threads, as many of them as the cores it may use (one under taskset).
+kernel_steps="kernels_threads_1 "
+(($(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) >= 2)) && kernel_steps+="kernels_threads_2 "
 want="gpu data_synth scaling_mlp_bsp scaling_mlp_lbbsp-cpu scaling_cnn_bsp scaling_cnn_lbbsp-cpu \
 interference_pinned-bsp-p0.5-s1 interference_pinned-narx-p0.5-s1 interference_pinned-oracle-p0.5-s1 \
-interference_quiet-bsp-p0-s1 torch kernels_tests kernels_threads_1 kernels_threads_2 telemetry "
+interference_quiet-bsp-p0-s1 torch kernels_tests ${kernel_steps}telemetry "
 [[ $steps == "$want" ]] || fail "steps in status.tsv: '$steps', expected '$want'"
 st() { awk -F'\t' -v s="$1" '$1 == s {print $2}' "$out/status.tsv"; }
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then

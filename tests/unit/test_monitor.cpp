@@ -81,8 +81,16 @@ TEST_F(Pinned, SeesAnotherProcessOnThePinnedCpu) {
 
 // Made before the pin (as a rank's monitor is before its straggler pins it): the first sample after the pin
 // starts afresh (cpu_avail 1, although the interval before it was busy), the next one measures the new CPU.
+// Under `taskset -c 0` the process may run on one CPU only: the monitor is then made on CPU 0 plus another
+// online one (affinity can widen again without privileges), so that the pin to CPU 0 is a real change.
 TEST_F(Pinned, FollowsARepin) {
   ASSERT_FALSE(all_.empty());
+  if (all_.size() == 1) {
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    const int other = all_[0] == 0 ? 1 : 0;
+    if (online < 2) GTEST_SKIP() << "one online CPU: nothing to re-pin between";
+    pin({all_[0], other});
+  }
   ResourceMonitor m;
   busy_child_on(all_[0], 300);
   pin({all_[0]});
