@@ -69,7 +69,7 @@ grep -q "stress:1=100;pin=0,1;period=0.5" "$out/interference/runs/pinned-bsp-p0.
   fail "pinned runs without the pinned co-tenant spec"
 
 # Kernels: one Google Benchmark JSON per thread count with the CNN's train step at batch 256 and the FMA peak.
-for t in 1 2; do
+for t in $(grep -oE 'kernels_threads_[0-9]+' <<<"$kernel_steps" | grep -oE '[0-9]+$'); do
   $PY - "$out/kernels/threads-$t.json" <<'PY' || fail "kernels/threads-$t.json malformed"
 import json, sys
 names = {b["name"] for b in json.load(open(sys.argv[1]))["benchmarks"]}

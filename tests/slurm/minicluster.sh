@@ -154,6 +154,7 @@ minicluster_start() {
   local node cpus ctld_port slurmd_port
   node=$(hostname -s)
   cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+  ((cpus >= 2)) || cpus=2  # the tests' jobs ask for 2 CPUs; on one core (taskset) its tasks share it (config_overrides)
   ctld_port=$(mc_free_port)
   slurmd_port=$(mc_free_port)
   while [[ $slurmd_port == "$ctld_port" ]]; do slurmd_port=$(mc_free_port); done
@@ -174,6 +175,7 @@ minicluster_start_hosts() {
   mc_munge "$1"
   MC_CLIENT=("$hostexec" 0)
   cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+  ((cpus >= 2)) || cpus=2  # the tests' jobs ask for 2 CPUs; on one core (taskset) its tasks share it (config_overrides)
   for ((i = 1; i < n; ++i)); do nodes+=("lbbsp-mh-h$i=$subnet.$((i + 1))"); done
   # Each host has its own network, so the default ports are free there.
   mc_conf lbbsp-mh-h0 "$subnet.1" 6817 6818 "$cpus" "${nodes[@]}"
