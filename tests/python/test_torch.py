@@ -78,16 +78,20 @@ def _exact_worker(rank, world, store, out, steps, global_batch):
     dist.destroy_process_group()
 
 
-def one_process(steps, global_batch):
+def one_process(steps, global_batch, seed=3, l2=0.0, mean=False):
+    """One process on the same global batches: the summed loss / X, or (mean=True) the mean loss + l2 x the
+    squared parameters."""
     x, y = data()
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     per_epoch = lbbsp.steps_per_epoch(N, global_batch)
     for g in range(steps):
         epoch, step = divmod(g, per_epoch)
-        perm = lbbsp.epoch_permutation(N, 3, epoch)
-        idx = torch.from_numpy(perm[step * global_batch:(step + 1) * global_batch])
-        loss = F.cross_entropy(model(x[idx]), y[idx], reduction="sum") / global_batch
+        idx = torch.from_numpy(lbbsp.epoch_permutation(N, seed, epoch)[step * global_batch:(step + 1) * global_batch])
+        if mean:
+            loss = F.cross_entropy(model(x[idx]), y[idx]) + l2 * _l2(model)
+        else:
+            loss = F.cross_entropy(model(x[idx]), y[idx], reduction="sum") / global_batch
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -422,28 +426,12 @@ def _mean_worker(rank, world, store, out, steps, global_batch):
     dist.destroy_process_group()
 
 
-def one_process_mean(steps, global_batch, seed=3, l2=0.0):
-    """One process, the mean loss over the global batch (+ l2 x the squared parameters)."""
-    x, y = data()
-    model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    per_epoch = lbbsp.steps_per_epoch(N, global_batch)
-    for g in range(steps):
-        epoch, step = divmod(g, per_epoch)
-        idx = torch.from_numpy(lbbsp.epoch_permutation(N, seed, epoch)[step * global_batch:(step + 1) * global_batch])
-        loss = F.cross_entropy(model(x[idx]), y[idx]) + l2 * _l2(model)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
-
-
 def test_scaled_mean_loss_with_l2_equals_one_process(tmp_path):
     world, steps, X = 3, 20, 24
     spawn(_mean_worker, world, tmp_path, steps, X)
     sizes = np.array(pickle.load(open(tmp_path / "mean-sizes-0.pkl", "rb")))
     assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
-    ref = one_process_mean(steps, X, l2=L2)
+    ref = one_process(steps, X, l2=L2, mean=True)
     for r in range(world):
         got = np.load(tmp_path / f"mean-{r}.npy")
         rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
@@ -602,7 +590,7 @@ def test_h5_dataloader_workers_resume_equals_one_process(tmp_path):
     assert "epoch 0 is past: the run is at step 13 (epoch 1, step 3)" in errors["past_epoch"], errors
     assert "step 0 of epoch 0 is past: the run is at step 13" in errors["past_step"], errors
     assert "reads 4 batches ahead" in errors["lag"] and "lag=4" in errors["lag"], errors
-    ref = one_process_mean(20, 24, seed=4)
+    ref = one_process(20, 24, seed=4, mean=True)
     for r in range(2):
         rel = np.linalg.norm(resumed[r]["params"] - ref) / np.linalg.norm(ref)
         assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
