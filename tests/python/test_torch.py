@@ -98,6 +98,14 @@ def one_process(steps, global_batch, seed=3, l2=0.0, mean=False):
     return torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
 
 
+def assert_equal_to_one_process(ref, rank_files):
+    """Each rank's saved parameters (one .npy per rank, in rank order) equal one process's to 1e-10 relative."""
+    for r, f in enumerate(rank_files):
+        got = np.load(f)
+        rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_exact_against_one_process(tmp_path, world):
     steps, X = 20, 24  # 10 steps per epoch: two epochs
@@ -109,10 +117,7 @@ def test_exact_against_one_process(tmp_path, world):
     assert (flat.sum(axis=1) == X).all()
     assert (flat == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
     assert len({tuple(r) for r in flat.tolist()}) > 5, "the split hardly changed"
-    for r in range(world):
-        got = np.load(tmp_path / f"exact-{world}-{r}.npy")
-        rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
+    assert_equal_to_one_process(ref, [tmp_path / f"exact-{world}-{r}.npy" for r in range(world)])
 
 
 # ---- a slowed rank gets fewer samples ----
@@ -432,10 +437,7 @@ def test_scaled_mean_loss_with_l2_equals_one_process(tmp_path):
     sizes = np.array(pickle.load(open(tmp_path / "mean-sizes-0.pkl", "rb")))
     assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
     ref = one_process(steps, X, l2=L2, mean=True)
-    for r in range(world):
-        got = np.load(tmp_path / f"mean-{r}.npy")
-        rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
-        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
+    assert_equal_to_one_process(ref, [tmp_path / f"mean-{r}.npy" for r in range(world)])
 
 
 # ---- the common mistake, an unscaled mean loss, warns; timed() is deprecated ----
