@@ -631,7 +631,7 @@ def test_error_on_nonzero_rank_ends_every_rank_naming_it(tmp_path):
     spawn(_failing_worker, 3, tmp_path)
     for r in range(3):
         msg, took = pickle.load(open(tmp_path / f"fail-{r}.pkl", "rb"))
-        assert msg.startswith("LoadBalancer: step 3: rank 2 failed in step(): rank 2: OSError: sensor exploded"), msg
+        assert msg.startswith("LoadBalancer: step 3: rank 2 failed in its report: rank 2: OSError: sensor exploded"), msg
         assert took < 20, f"rank {r} took {took:.1f} s, more than timeout_s"
 
 

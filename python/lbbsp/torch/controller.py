@@ -1,7 +1,6 @@
-"""LoadBalancer: the per-step controller (measurement, loss scaling, the exchange with rank 0, state)."""
+"""LoadBalancer: the per-step controller (measurement, loss scaling, the exchange, decisions, state)."""
 
 import contextlib
-import datetime
 import time
 import warnings
 import weakref
@@ -14,12 +13,16 @@ import torch.distributed as dist
 import lbbsp
 
 from ._util import _positive_int
+from .exchange import CHECKSUM, EXO, REPORT, STATUS, ReportExchange, checksum, disagreement, group_ranks
 from .hooks import sum_allreduce_hook
 from .monitor import ResourceMonitor
 from .sampler import AllowEmpty, BalancedBatchSampler, required_lag
 
-_EXO = 3  # cpu_avail, mem_avail, load: what the C++ runtime reports (runtime/monitor.cpp)
-_REPORT = 2 + _EXO + 2  # batch, compute seconds, exo..., memory cap, status (0 ok, 1 this rank failed)
+
+def cuda_cap(free: int, cached: int, bytes_per_sample: float) -> int:
+    """Most samples a rank can hold: what its process can still use on the device (free memory plus blocks its
+    caching allocator holds unused) over the bytes one sample of a step needs at its peak; at least 1."""
+    return max(1, int((free + max(0, cached)) / bytes_per_sample))
 
 
 class LoadBalancer:
@@ -35,8 +38,11 @@ class LoadBalancer:
             ``lbbsp-cpu``, ``lbbsp-gpu``, ``lbbsp-gpu-model``; predictors ``narx``, ``arima``, ``ema``, ``last``).
         lag: 0 decides step k+1's sizes after step k; L > 0 decides step k+L+1's (a DataLoader with workers
             needs ``lag >= required_lag(num_workers, prefetch_factor)``).
-        process_group: the group to balance over (default: the whole world).
-        timeout_s: a rank that does not report within this many seconds ends the step with an error naming it.
+        process_group: the data-parallel group to balance over (default: the whole world). With subgroups
+            every process of the world builds its LoadBalancer at the same point, each with its own group
+            (the control groups are made by every process, as PyTorch requires).
+        timeout_s: a rank whose report does not arrive within this many seconds ends the step with an error
+            naming it.
         monitor: a callable returning this rank's [cpu_avail, mem_avail, load] for the step just done
             (default: ResourceMonitor().sample, from /proc as the C++ runtime measures them).
         check_loss: warn (once) when a backward pass reaches the gradient allreduce in a step in which
@@ -66,22 +72,23 @@ class LoadBalancer:
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"LoadBalancer: timeout_s must be a positive number of seconds, got {timeout_s!r}")
         self.timeout_s = float(timeout_s)
-        parent = process_group if process_group is not None else dist.group.WORLD
-        self.rank, self.world_size = dist.get_rank(parent), dist.get_world_size(parent)
-        self._ranks = dist.get_process_group_ranks(parent) if hasattr(dist, "get_process_group_ranks") else \
-            list(range(self.world_size))
-        self._root = self._ranks[0]  # global rank of the group's rank 0
-        timeout = datetime.timedelta(seconds=self.timeout_s)
-        # Control traffic in groups of their own (gloo: small CPU tensors), so a timeout here is ours to report.
-        self._group = dist.new_group(ranks=self._ranks, backend="gloo", timeout=timeout)
-        self._health = dist.new_group(ranks=self._ranks, backend="gloo", timeout=timeout)
-        # Every rank builds the balancer (so bad arguments raise everywhere alike); only rank 0's decides.
-        self._balancer = lbbsp.Balancer(balancer, workers=self.world_size, global_batch=self.global_batch,
-                                        predictor=predictor, seed=self.seed, min_batch=min_batch, num_exo=_EXO,
-                                        capacity_exo=0)
+        self._ranks = group_ranks(process_group)
+        if dist.get_rank() not in self._ranks:
+            raise ValueError(f"LoadBalancer: this process (rank {dist.get_rank()}) is not in process_group "
+                             f"{self._ranks}")
+        self.rank, self.world_size = self._ranks.index(dist.get_rank()), len(self._ranks)
+        # Every rank builds the balancer and decides (so bad arguments raise everywhere alike, and every rank
+        # holds the same state); the reports travel in gloo groups of their own (ReportExchange).
+        self._balancer_args = dict(name=balancer, workers=self.world_size, global_batch=self.global_batch,
+                                   predictor=predictor, seed=self.seed, min_batch=min_batch, num_exo=EXO,
+                                   capacity_exo=0)
+        self._balancer = lbbsp.Balancer(**self._balancer_args)
+        self._exchange = ReportExchange(self._ranks, self.rank, self.timeout_s)
         self.steps_per_epoch = lbbsp.steps_per_epoch(self.dataset_size, self.global_batch)
         self._sizes: Dict[int, np.ndarray] = {k: self._balancer.initial() for k in range(self.lag + 1)}
         self._step = 0  # global step (over epochs) that the next step() closes
+        self._decided = -1  # the last step whose reports were decided from
+        self._report_error: Optional[BaseException] = None
         self._perm_epoch, self._perm = -1, None
         self._monitor = monitor if monitor is not None else ResourceMonitor().sample
         if not callable(self._monitor):
@@ -89,10 +96,10 @@ class LoadBalancer:
         if not isinstance(check_loss, bool):
             raise TypeError(f"LoadBalancer: check_loss must be True or False, got {check_loss!r}")
         self._check_loss, self._warned_loss, self._scaled_step = check_loss, False, -1
-        self._bytes_per_sample = 0.0
-        # Seconds this rank spent in step(): in all ("step_s": the exchange, which also waits for ranks still
-        # finishing their step) and, on rank 0, deciding ("decide_s").
-        self.timing = {"step_s": 0.0, "decide_s": 0.0}
+        self._bytes_per_sample, self._max_batch = 0.0, 0
+        # Seconds this rank spent in step() ("step_s"), blocked there waiting for reports ("wait_s") and
+        # deciding ("decide_s", the same work on every rank).
+        self.timing = {"step_s": 0.0, "wait_s": 0.0, "decide_s": 0.0}
         if model is not None and not hasattr(model, "register_comm_hook"):
             raise TypeError("LoadBalancer: model must be a DistributedDataParallel (or None to sum gradients "
                             f"yourself), got {type(model).__name__}")
@@ -140,6 +147,9 @@ class LoadBalancer:
 
     def sizes_at(self, global_step: int) -> np.ndarray:
         """Batch vector of a global step that is already decided (up to ``global_step + lag``)."""
+        if global_step not in self._sizes and global_step > self._step:
+            # decided from the reports of steps already closed (a DataLoader reading ahead asks here first)
+            self._decide_through(min(global_step - self.lag - 1, self._step - 1), block=True)
         if global_step not in self._sizes:
             epoch, step = divmod(global_step, self.steps_per_epoch)
             if global_step < self._step:
@@ -219,28 +229,36 @@ class LoadBalancer:
 
     def record_compute(self, seconds: float) -> None:
         """Reports this step's time as measured by the caller: the sum of the calls in a step replaces the
-        step's own measure (for emulated or externally timed work)."""
+        step's own measure (for emulated or externally timed work). With a DDP model on the CPU the report
+        leaves when the last gradient bucket is ready: call this before ``backward()``."""
         if not (isinstance(seconds, (int, float)) and np.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"LoadBalancer.record_compute: seconds must be finite and >= 0, got {seconds!r}")
+        if self._exchange.launched(self._step):
+            raise RuntimeError(f"LoadBalancer.record_compute: step {self._step}'s report has left already (with "
+                               "the gradients, when the last bucket was ready): call record_compute before "
+                               "backward()")
         self._recorded_s = (self._recorded_s or 0.0) + float(seconds)
 
-    # ---- measurement: from leaving step() to entering the next, less the gradient allreduce's wait ----
+    # ---- measurement: a window from leaving one barrier to reaching the next, less its waits ----
+    # With a DDP model on the CPU the barrier is the gradient allreduce: the window of step k runs from the
+    # moment the last bucket's allreduce of step k-1 completed to the moment the last bucket of step k is
+    # ready, and the report leaves from the comm hook then (work after backward(), the optimizer step and
+    # step() itself, counts in the next window). Otherwise (no model, CUDA, a step without backward) the
+    # window runs from leaving step() to entering the next and the report leaves from step().
 
     def _restart_clock(self) -> None:
-        self._wait_s, self._untimed_s, self._recorded_s = 0.0, 0.0, None
-        self._ready_s, self._events = None, []
-        if self._cuda:
-            with torch.cuda.device(self._device):
-                torch.cuda.reset_peak_memory_stats()
-                self._mem_base = torch.cuda.memory_allocated()
+        self._untimed_s, self._recorded_s, self._wait_s = 0.0, None, 0.0
+        self._events = []
+        self._exchange.waited_s = 0.0
         self._clock_s = time.perf_counter()
 
     def _sum_hook(self, process_group: Optional[dist.ProcessGroup],
                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        """The SUM hook, timing this rank's wait: from its last bucket ready to that bucket's allreduce done."""
-        if self._check_loss and not self._warned_loss and self._scaled_step != self._step:
+        """The SUM hook; at the last bucket it sends this step's report (CPU) or times the wait (CUDA)."""
+        k = self._step
+        if self._check_loss and not self._warned_loss and self._scaled_step != k:
             self._warned_loss = True
-            warnings.warn(f"LoadBalancer: step {self._step}: backward ran without lb.scale(loss). The gradients are "
+            warnings.warn(f"LoadBalancer: step {k}: backward ran without lb.scale(loss). The gradients are "
                           "SUMMED over ranks, so a loss that is the mean over this rank's samples (PyTorch's "
                           "default reduction='mean') gives gradients world-size times too large and weighted "
                           "unevenly. Write loss = lb.scale(loss) (or lb.scale(loss, reduction='sum') for a sum); "
@@ -248,128 +266,154 @@ class LoadBalancer:
         tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
         group = process_group if process_group is not None else dist.group.WORLD
         last = bucket.is_last() if hasattr(bucket, "is_last") else False
-        if last:
-            self._ready_s = time.perf_counter()
-            if self._cuda:
-                ready = torch.cuda.Event(enable_timing=True)
-                ready.record()
+        ready_s = time.perf_counter()
+        if last and self._cuda:
+            ready = torch.cuda.Event(enable_timing=True)
+            ready.record()
         fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
         if not last:
             return fut.then(lambda f: f.value()[0])
+        sends = not self._cuda and not self._exchange.launched(k)
+        if sends:
+            self._send_report(k, ready_s)
 
         def done(f: torch.futures.Future) -> torch.Tensor:
             if self._cuda:
                 end = torch.cuda.Event(enable_timing=True)
                 end.record()
                 self._events.append((ready, end))
-            elif self._ready_s is not None:
-                self._wait_s += time.perf_counter() - self._ready_s
+            elif sends:
+                self._restart_clock()  # step k+1's window opens as the barrier is left
+            else:
+                self._wait_s += time.perf_counter() - ready_s  # a second backward in one step
             return f.value()[0]
         return fut.then(done)
 
-    def _measured_s(self) -> float:
-        """This step's time: since the last step() (the constructor for step 0), less the allreduce's wait and
-        the untimed() blocks. On CUDA the device's queued work is waited for first, and the wait comes from
-        events recorded on the device's stream."""
+    def _window_s(self, now: float) -> float:
+        """This step's time so far: since the window opened, less the waits and the untimed() blocks. On CUDA
+        the device's queued work is waited for first, and the allreduce's wait comes from CUDA events."""
         if self._cuda:
             torch.cuda.synchronize(self._device)
+            now = time.perf_counter()
             self._wait_s += sum(a.elapsed_time(b) for a, b in self._events) / 1e3
-            peak = torch.cuda.max_memory_allocated(self._device) - self._mem_base
-            n = int(self._sizes[self._step][self.rank])
-            if n > 0 and peak > 0:
-                self._bytes_per_sample = peak / n
-        return max(0.0, time.perf_counter() - self._clock_s - self._wait_s - self._untimed_s)
+            self._note_memory()
+        waits = self._wait_s + self._untimed_s + self._exchange.waited_s
+        return max(0.0, now - self._clock_s - waits)
 
-    # ---- the exchange ----
+    def _send_report(self, k: int, now: float) -> None:
+        """Launches step k's report; an error building it (the monitor raising) travels as the status flag."""
+        n = float(self._sizes[k][self.rank])
+        self._report_error = None
+        try:
+            compute = self._recorded_s if self._recorded_s is not None else self._window_s(now)
+            report = [n, compute, *self._metrics(), float(self._mem_cap()), 0.0, checksum(self._sizes[k])]
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
+            self._report_error = e
+            report = [n] + [0.0] * (REPORT - 3) + [1.0, checksum(self._sizes[k])]
+        self._exchange.launch(k, torch.tensor(report, dtype=torch.float64))
+
+    # ---- the exchange: every rank decides from the same reports ----
 
     def step(self) -> np.ndarray:
-        """Ends the step: every rank's report reaches rank 0, which decides and broadcasts the next sizes.
-        Returns the batch vector of the coming step. An error on any rank while building its report (its
-        monitor raising, say) or on rank 0 while deciding ends the step on every rank with a RuntimeError that
-        names the rank and carries its message."""
+        """Ends the step and returns the batch vector of the coming one. Step k's report has left already
+        (from the comm hook) or leaves now; every rank decides step k+lag+1's sizes from step k's reports with
+        the same balancer, so no sizes travel back. With lag 0 that needs step k's reports now (they arrived
+        with the gradients, so nothing waits); with lag >= 1 step() takes only what has arrived. An error on
+        any rank in its report (its monitor raising, say), a rank using another batch vector, or a decision
+        failing ends the step on every rank with a RuntimeError naming the rank."""
         k = self._step
-        n = float(self._sizes[k][self.rank])
-        error: Optional[BaseException] = None
-        try:
-            compute = self._recorded_s if self._recorded_s is not None else self._measured_s()
-            report = torch.tensor([n, compute, *self._metrics(), float(self._mem_cap()), 0.0], dtype=torch.float64)
-        except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
-            error = e
-            report = torch.zeros(_REPORT, dtype=torch.float64)
-            report[0], report[-1] = n, 1.0
-        gathered = [torch.zeros_like(report) for _ in range(self.world_size)] if self.rank == 0 else None
-        t_exchange = time.perf_counter()
-        self._collective(lambda: dist.gather(report, gathered, dst=self._root, group=self._group), k, "report")
-        # [0, sizes...] decided; [1, mask...] the ranks in the mask failed (the first one's message follows)
-        decided = torch.zeros(self.world_size + 1, dtype=torch.int64)
-        if self.rank == 0:
-            reports = torch.stack(gathered).numpy()
-            failed = reports[:, -1] != 0
-            if failed.any():
-                decided[0], decided[1:] = 1, torch.from_numpy(failed.astype(np.int64))
-            else:
-                try:
-                    t_decide = time.perf_counter()
-                    decided[1:] = torch.from_numpy(self._decide(reports, k))
-                    self.timing["decide_s"] += time.perf_counter() - t_decide
-                except Exception as e:  # noqa: BLE001
-                    error = e
-                    decided[0], decided[1:], decided[1] = 1, 0, 1
-        self._collective(lambda: dist.broadcast(decided, src=self._root, group=self._group), k, "sizes")
-        if int(decided[0]) != 0:
-            self._fail(k, [int(r) for r in np.flatnonzero(decided[1:].numpy())], error)
-        self.timing["step_s"] += time.perf_counter() - t_exchange
-        self._sizes[k + self.lag + 1] = decided[1:].numpy().copy()
-        del self._sizes[k]
+        t0 = time.perf_counter()
+        from_step = not self._exchange.launched(k)
+        if from_step:
+            self._send_report(k, t0)
+        self._decide_through(k - self.lag, block=True)  # step k+1's sizes
+        self._decide_through(k, block=False)
         self._step = k + 1
-        self._restart_clock()
+        for g in [g for g in self._sizes if g <= min(k, self._decided)]:
+            del self._sizes[g]  # decided from and past; undecided steps keep theirs to check their reports
+        if from_step:
+            self._restart_clock()
+        self.timing["step_s"] += time.perf_counter() - t0
         return self._sizes[k + 1].copy()
 
-    def _fail(self, k: int, failed: List[int], error: Optional[BaseException]) -> None:
-        """Every rank raises, naming the failed ranks and carrying the first one's message."""
-        src = failed[0]
-        message = [f"{type(error).__name__}: {error}" if self.rank == src else None]
-        try:
-            self._collective(lambda: dist.broadcast_object_list(message, src=self._ranks[src], group=self._group),
-                             k, "the error")
-        except RuntimeError as e:
-            message = [f"(its message did not arrive: {e})"]
-        who = f"rank {src}" if len(failed) == 1 else f"ranks {', '.join(map(str, failed))}"
-        where = "" if self.rank == src else f" (this is rank {self.rank}; see rank {src}'s log for the traceback)"
-        raise RuntimeError(f"LoadBalancer: step {k}: {who} failed in step(): rank {src}: {message[0]}{where}") \
-            from error
+    def _decide_through(self, last: int, block: bool) -> None:
+        """Decides from the reports of the steps up to ``last`` that have left (waiting for them if block)."""
+        while self._decided < last and self._exchange.launched(self._decided + 1):
+            j = self._decided + 1
+            if not block and not self._exchange.arrived(j):
+                return
+            before = self._exchange.waited_s
+            reports = self._exchange.take(j)
+            self.timing["wait_s"] += self._exchange.waited_s - before
+            self._apply(j, reports)
+            self._decided = j
 
-    def _decide(self, reports: np.ndarray, k: int) -> np.ndarray:
+    def _apply(self, j: int, reports: np.ndarray) -> None:
+        """Checks step j's reports (every rank sees the same, so every rank raises alike) and decides j+lag+1."""
+        failed = np.flatnonzero(reports[:, STATUS] != 0).tolist()
+        if failed:
+            self._exchange.fail(j, failed, self._report_error if self.rank == failed[0] else None)
+        problem = disagreement(j, reports[:, CHECKSUM])
         batch = reports[:, 0].round().astype(np.int64)
-        if not np.array_equal(batch, self._sizes[k]):
-            raise RuntimeError(f"LoadBalancer: step {k}: the ranks report batches {batch.tolist()}, not the "
-                               f"decided {self._sizes[k].tolist()} (were indices() and step() called in order?)")
-        exo = reports[:, 2:2 + _EXO]
-        caps = reports[:, 2 + _EXO]
+        if problem is None and not np.array_equal(batch, self._sizes[j]):
+            problem = (f"LoadBalancer: step {j}: the ranks report batches {batch.tolist()}, not the decided "
+                       f"{self._sizes[j].tolist()}")
+        if problem is not None:
+            raise RuntimeError(problem)
+        t = time.perf_counter()
+        caps = reports[:, 2 + EXO]
         mem_cap = np.full(len(caps), np.iinfo(np.int64).max, dtype=np.int64)  # 0 reported: no cap
         mem_cap[caps > 0] = caps[caps > 0].astype(np.int64)
-        return self._balancer.next(batch=batch, compute_s=reports[:, 1], exo=exo, exo_next=exo, mem_cap=mem_cap)
+        exo = reports[:, 2:2 + EXO]
+        try:
+            decided = self._balancer.next(batch=batch, compute_s=reports[:, 1], exo=exo, exo_next=exo,
+                                          mem_cap=mem_cap)
+        except Exception as e:  # noqa: BLE001 - the same on every rank: name the step
+            raise RuntimeError(f"LoadBalancer: step {j}: deciding the sizes of step {j + self.lag + 1} failed "
+                               f"on every rank: {type(e).__name__}: {e}") from e
+        self._sizes[j + self.lag + 1] = decided
+        self.timing["decide_s"] += time.perf_counter() - t
 
     # ---- checkpoints ----
 
     def state_dict(self) -> Dict[str, Any]:
-        """The controller's state; save rank 0's (it alone holds the balancer's), load it on every rank."""
-        return {"version": 1, "world_size": self.world_size, "global_batch": self.global_batch,
+        """The controller's state, the same on every rank (every rank runs the balancer): save it from rank 0
+        with ``torch.save`` or from all with ``torch.distributed.checkpoint``."""
+        self._decide_through(self._step - 1, block=True)
+        return {"version": 2, "world_size": self.world_size, "global_batch": self.global_batch,
                 "dataset_size": self.dataset_size, "seed": self.seed, "lag": self.lag, "step": self._step,
-                "sizes": {k: v.tolist() for k, v in self._sizes.items()},
-                "balancer": self._balancer.save_state() if self.rank == 0 else None}
+                "sizes": {k: self._sizes[k].tolist() for k in range(self._step, self._step + self.lag + 1)},
+                "balancer": self._balancer.save_state()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        for key in ("world_size", "global_batch", "dataset_size", "seed", "lag"):
+        """Continues from ``state`` (from any rank), at any step of an epoch. Another world size starts the
+        balancer afresh from an equal split (its history is per rank) with a warning; another lag keeps the
+        decided sizes and repeats the last one where more are needed. Dataset size, global batch and seed
+        define the samples and must match."""
+        if not isinstance(state, dict) or "step" not in state:
+            raise TypeError("LoadBalancer.load_state_dict: state must be the dict from LoadBalancer.state_dict()")
+        for key in ("global_batch", "dataset_size", "seed"):
             if state.get(key) != getattr(self, key):
                 raise ValueError(f"LoadBalancer.load_state_dict: {key} is {state.get(key)!r} in the state and "
-                                 f"{getattr(self, key)!r} here: resume with the same settings")
-        if self.rank == 0:
+                                 f"{getattr(self, key)!r} here: they define the samples of every step; resume "
+                                 "with the same ones")
+        self._exchange.drain()
+        step = int(state["step"])
+        if state.get("world_size") != self.world_size:
+            warnings.warn(f"LoadBalancer.load_state_dict: the state was saved at {state.get('world_size')} ranks "
+                          f"and this run has {self.world_size}: the balancer starts afresh from an equal split "
+                          "(its speed history is per rank); the samples of every step stay the same")
+            self._balancer, saved = lbbsp.Balancer(**self._balancer_args), {}
+        else:
             if state.get("balancer") is None:
                 raise ValueError("LoadBalancer.load_state_dict: the state has no balancer state: save it on rank 0")
             self._balancer.load_state(state["balancer"])
-        self._step = int(state["step"])
-        self._sizes = {int(k): np.asarray(v, dtype=np.int64) for k, v in state["sizes"].items()}
+            saved = {int(k): np.asarray(v, dtype=np.int64) for k, v in state["sizes"].items()}
+        sizes, last = {}, saved.get(step, self._balancer.initial())
+        for g in range(step, step + self.lag + 1):
+            last = saved.get(g, last)
+            sizes[g] = last
+        self._sizes, self._step, self._decided = sizes, step, step - 1
         self._restart_clock()
 
     # ---- DataLoader ----
@@ -408,33 +452,25 @@ class LoadBalancer:
 
     def _metrics(self) -> List[float]:
         m = [float(v) for v in self._monitor()]
-        if len(m) != _EXO or not all(np.isfinite(m)):
+        if len(m) != EXO or not all(np.isfinite(m)):
             raise ValueError(f"LoadBalancer: monitor must return [cpu_avail, mem_avail, load], got {m}")
         return m
 
+    def _note_memory(self) -> None:
+        """Bytes per sample on CUDA from the process's peak since the start (never reset: the user's statistics
+        stay) over the largest batch seen, above what stays allocated between steps."""
+        n = int(self._sizes[self._step][self.rank])
+        self._max_batch = max(self._max_batch, n)
+        peak = torch.cuda.max_memory_allocated(self._device)
+        resting = torch.cuda.memory_allocated(self._device)
+        if self._max_batch > 0 and peak > resting:
+            self._bytes_per_sample = (peak - resting) / self._max_batch
+
     def _mem_cap(self) -> int:
-        """Most samples this rank can hold: 0 (no cap) on the CPU; on CUDA the free memory
-        (torch.cuda.mem_get_info) over the bytes per sample seen at the last step's peak, plus that batch."""
+        """Most samples this rank can hold: 0 (no cap) on the CPU; on CUDA what the process can still use (free
+        device memory plus the allocator's cached blocks) over the bytes per sample."""
         if not self._cuda or self._bytes_per_sample <= 0:
             return 0
         free, _ = torch.cuda.mem_get_info(self._device)
-        return max(1, int(free / self._bytes_per_sample) + int(self._sizes[self._step][self.rank]))
-
-    def _collective(self, run, k: int, what: str) -> None:
-        try:
-            run()
-        except RuntimeError as e:
-            raise RuntimeError(f"LoadBalancer: step {k}: exchanging {what} failed on rank {self.rank}: "
-                               f"{self._missing_ranks()}; {str(e).splitlines()[0]}") from None
-
-    def _missing_ranks(self) -> str:
-        """Which ranks do not answer: a monitored barrier on the health group names them."""
-        try:
-            dist.monitored_barrier(group=self._health, timeout=datetime.timedelta(seconds=min(10.0, self.timeout_s)),
-                                   wait_all_ranks=True)
-        except RuntimeError as e:
-            text = str(e).splitlines()[0]
-            return f"not answering: {text}"
-        except Exception as e:  # noqa: BLE001 - report whatever the barrier said
-            return f"health check failed: {e}"
-        return "every rank answered a health check afterwards"
+        cached = torch.cuda.memory_reserved(self._device) - torch.cuda.memory_allocated(self._device)
+        return cuda_cap(free, cached, self._bytes_per_sample)

@@ -1,0 +1,132 @@
+"""The control plane: every rank's report of a step reaches every rank in one asynchronous all-gather on gloo
+groups of its own, entered by every process as PyTorch requires; failures are named, hangs time out."""
+
+import datetime
+import time
+import zlib
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+EXO = 3  # cpu_avail, mem_avail, load: what the C++ runtime reports (runtime/monitor.cpp)
+# batch, compute seconds, exo..., memory cap, status (0 ok, 1 this rank failed), checksum of the batch vector
+REPORT = 2 + EXO + 3
+STATUS, CHECKSUM = REPORT - 2, REPORT - 1
+
+
+def checksum(sizes: np.ndarray) -> float:
+    """CRC-32 of a batch vector (exact in a float64 report)."""
+    return float(zlib.crc32(np.ascontiguousarray(sizes, dtype=np.int64).tobytes()))
+
+
+def group_ranks(group: Optional[dist.ProcessGroup]) -> List[int]:
+    """The global ranks of ``group`` (None: the whole world), in group-rank order."""
+    if group is None or group == dist.group.WORLD:
+        return list(range(dist.get_world_size()))
+    return list(dist.get_process_group_ranks(group))
+
+
+def control_groups(ranks: List[int], timeout: datetime.timedelta) -> Tuple[dist.ProcessGroup, ...]:
+    """Three gloo groups over ``ranks`` (reports, error messages, health checks). PyTorch wants every process to
+    enter every new_group in the same order, so with data-parallel subgroups each process learns all of them
+    (all_gather_object over the world) and enters the new_group of each one, keeping its own."""
+    world = dist.get_world_size()
+    if len(ranks) == world:
+        layout = [ranks]
+    else:
+        everyone: List[Optional[List[int]]] = [None] * world
+        dist.all_gather_object(everyone, ranks)
+        layout = sorted({tuple(r) for r in everyone})
+        seen: Dict[int, Tuple[int, ...]] = {}
+        for g in layout:
+            for r in g:
+                if r in seen:
+                    raise ValueError(f"LoadBalancer: process_group: rank {r} is in two balanced groups, "
+                                     f"{list(seen[r])} and {list(g)}: give each process one data-parallel group")
+                seen[r] = g
+    mine: Tuple[dist.ProcessGroup, ...] = ()
+    for g in layout:
+        made = tuple(dist.new_group(ranks=list(g), backend="gloo", timeout=timeout) for _ in range(3))
+        if tuple(ranks) == tuple(g):
+            mine = made
+    return mine
+
+
+class ReportExchange:
+    """The reports of each step in flight (an async all_gather per step), taken in step order."""
+
+    def __init__(self, ranks: List[int], rank: int, timeout_s: float) -> None:
+        self.ranks, self.rank, self.world = ranks, rank, len(ranks)
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.group, self.errors, self.health = control_groups(ranks, self.timeout)
+        self._flight: Dict[int, Tuple[dist.Work, List[torch.Tensor]]] = {}
+        self.waited_s = 0.0  # seconds spent blocked in take(), since the owner last cleared it
+
+    def launch(self, step: int, report: torch.Tensor) -> None:
+        out = [torch.zeros_like(report) for _ in range(self.world)]
+        self._flight[step] = (dist.all_gather(out, report, group=self.group, async_op=True), out)
+
+    def launched(self, step: int) -> bool:
+        return step in self._flight
+
+    def arrived(self, step: int) -> bool:
+        return self._flight[step][0].is_completed()
+
+    def take(self, step: int) -> np.ndarray:
+        """Every rank's report of ``step`` (world x REPORT), waiting at most the timeout for it."""
+        work, out = self._flight.pop(step)
+        t0 = time.perf_counter()
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as e:
+            raise RuntimeError(f"LoadBalancer: step {step}: exchanging reports failed on rank {self.rank}: "
+                               f"{self._missing_ranks()}; {str(e).splitlines()[0]}") from None
+        finally:
+            self.waited_s += time.perf_counter() - t0
+        return torch.stack(out).numpy()
+
+    def drain(self) -> None:
+        """Waits for the reports still in flight and forgets them."""
+        for step in sorted(self._flight):
+            self.take(step)
+
+    def fail(self, step: int, failed: Sequence[int], error: Optional[BaseException]) -> None:
+        """Every rank raises, naming the failed ranks and carrying the first one's message."""
+        src = failed[0]
+        message = [f"{type(error).__name__}: {error}" if self.rank == src else None]
+        try:
+            dist.broadcast_object_list(message, src=self.ranks[src], group=self.errors)
+        except RuntimeError as e:
+            message = [f"(its message did not arrive: {str(e).splitlines()[0]})"]
+        who = f"rank {src}" if len(failed) == 1 else f"ranks {', '.join(map(str, failed))}"
+        where = "" if self.rank == src else f" (this is rank {self.rank}; see rank {src}'s log for the traceback)"
+        raise RuntimeError(f"LoadBalancer: step {step}: {who} failed in its report: rank {src}: {message[0]}"
+                           f"{where}") from error
+
+    def _missing_ranks(self) -> str:
+        """Which ranks do not answer: a monitored barrier on the health group names them."""
+        try:
+            dist.monitored_barrier(group=self.health, timeout=datetime.timedelta(
+                seconds=min(10.0, self.timeout.total_seconds())), wait_all_ranks=True)
+        except RuntimeError as e:
+            return f"not answering: {str(e).splitlines()[0]}"
+        except Exception as e:  # noqa: BLE001 - report whatever the barrier said
+            return f"health check failed: {e}"
+        return "every rank answered a health check afterwards"
+
+
+def disagreement(step: int, sums: np.ndarray) -> Optional[str]:
+    """None when every rank used the same batch vector (same checksum), else a message naming who differs."""
+    values, first, counts = np.unique(sums, return_index=True, return_counts=True)
+    if len(values) == 1:
+        return None
+    parts = []
+    for v in values[np.lexsort((first, -counts))]:
+        who = np.flatnonzero(sums == v).tolist()
+        parts.append(f"{'rank' if len(who) == 1 else 'ranks'} {', '.join(map(str, who))} (checksum {int(v):08x})")
+    return (f"LoadBalancer: step {step}: the ranks used different batch vectors: {'; '.join(parts)}. Every rank "
+            "decides the sizes from the same reports with the same code, so this means a rank's balancer or "
+            "sizes were changed (a load_state_dict on some ranks only, another lbbsp build): restart all ranks "
+            "from one checkpoint with one installation")
