@@ -680,3 +680,169 @@ def test_extension_is_portable():
     assert len(text) > 10000, "objdump printed almost nothing"
     avx512 = [line for line in text.splitlines() if re.search(r"%zmm\d|%k[1-7]\b", line)]
     assert avx512 == [], f"{len(avx512)} AVX-512 instructions in {so}, e.g. {avx512[:3]}"
+
+
+# ---- the same state on every rank; a state saved at 4 ranks mid-epoch continues at 3, equal to one process ----
+
+
+def _world_change_worker(rank, world, store, out, phase, stop):
+    import warnings
+    init(rank, world, store)
+    x, y = data()
+    net = make_model()
+    opt_state = None
+    if phase == "resume":
+        ckpt = torch.load(os.path.join(out, "wc.pt"))
+        net.load_state_dict(ckpt["model"])
+        opt_state = ckpt["opt"]
+    model = DDP(net)
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="lbbsp-cpu", predictor="ema", seed=3,
+                      monitor=fixed_metrics)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    caught = []
+    if phase == "resume":
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lb.load_state_dict(ckpt["lb"])
+        opt.load_state_dict(opt_state)
+    sizes = []
+    while lb.global_step < stop:
+        idx = torch.from_numpy(lb.indices(*divmod(lb.global_step, lb.steps_per_epoch)))
+        sizes.append(lb.batch_sizes.tolist())
+        loss = lb.scale(F.cross_entropy(model(x[idx]), y[idx], reduction="sum"), reduction="sum")
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    state = lb.state_dict()
+    if phase == "first" and rank == 0:
+        torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "lb": state},
+                   os.path.join(out, "wc.pt"))
+    params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
+    np.save(os.path.join(out, f"wc-{phase}-{rank}.npy"), params)
+    pickle.dump({"state": pickle.dumps(state), "sizes": sizes, "warnings": [str(w.message) for w in caught]},
+                open(os.path.join(out, f"wc-{phase}-{rank}.pkl"), "wb"))
+    dist.destroy_process_group()
+
+
+def test_state_is_identical_everywhere_and_loads_at_another_world_size(tmp_path):
+    spawn(_world_change_worker, 4, tmp_path, "first", 7)  # 10 steps per epoch: stops mid-epoch
+    spawn(_world_change_worker, 3, tmp_path, "resume", 20)
+    first = [pickle.load(open(tmp_path / f"wc-first-{r}.pkl", "rb")) for r in range(4)]
+    assert all(f["state"] == first[0]["state"] for f in first), "state_dict() differs between ranks"
+    assert pickle.loads(first[0]["state"])["step"] == 7
+    resumed = [pickle.load(open(tmp_path / f"wc-resume-{r}.pkl", "rb")) for r in range(3)]
+    assert all(r["state"] == resumed[0]["state"] for r in resumed), "state_dict() differs between ranks"
+    assert "saved at 4 ranks and this run has 3" in " ".join(resumed[0]["warnings"]), resumed[0]["warnings"]
+    sizes = np.array(resumed[0]["sizes"])
+    assert sizes.shape == (13, 3) and (sizes.sum(axis=1) == 24).all(), sizes
+    assert all(r["sizes"] == resumed[0]["sizes"] for r in resumed)
+    assert_equal_to_one_process(one_process(20, 24), [tmp_path / f"wc-resume-{r}.npy" for r in range(3)])
+
+
+# ---- step() does not wait for another rank's work after its backward (the reports left with the gradients) ----
+
+
+def _no_wait_worker(rank, world, store, out, lag):
+    init(rank, world, store)
+    x, y = data()
+    model = DDP(make_model())
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="lbbsp-cpu", predictor="ema", lag=lag,
+                      monitor=fixed_metrics, timeout_s=30)
+    stepped = os.path.join(out, f"stepped-{lag}")
+    result = "finished"
+    try:
+        for g in range(6):
+            idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+            lb.scale(F.cross_entropy(model(x[idx]), y[idx])).backward()
+            if rank == 1 and g == 3:  # rank 1 holds on after backward until rank 0 is through step()
+                for _ in range(600):
+                    if os.path.exists(stepped):
+                        break
+                    time.sleep(0.1)
+                else:
+                    result = "rank 0 did not get through step() while rank 1 held on"
+            lb.step()
+            if rank == 0 and g == 3:
+                open(stepped, "w").close()
+    except RuntimeError as e:
+        result = str(e)
+    pickle.dump(result, open(os.path.join(out, f"nowait-{lag}-{rank}.pkl"), "wb"))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_step_does_not_wait_for_work_after_backward(tmp_path, lag):
+    spawn(_no_wait_worker, 2, tmp_path, lag)
+    for r in range(2):
+        assert pickle.load(open(tmp_path / f"nowait-{lag}-{r}.pkl", "rb")) == "finished"
+
+
+# ---- a rank that uses another batch vector is named on every rank ----
+
+
+def _diverged_worker(rank, world, store, out):
+    init(rank, world, store)
+    lb = LoadBalancer(None, dataset_size=1000, global_batch=30, balancer="bsp", monitor=fixed_metrics)
+    result = "finished"
+    try:
+        for g in range(8):
+            if rank == 1 and g == 4:
+                lb._sizes[g] = lb._sizes[g] + np.array([1, 0, -1])  # this rank's sizes drift from the others'
+            lb.indices(0, g)
+            lb.record_compute(1e-3)
+            lb.step()
+    except RuntimeError as e:
+        result = str(e)
+    pickle.dump(result, open(os.path.join(out, f"diverged-{rank}.pkl"), "wb"))
+    dist.destroy_process_group()
+
+
+def test_ranks_using_another_batch_vector_are_named(tmp_path):
+    spawn(_diverged_worker, 3, tmp_path)
+    for r in range(3):
+        msg = pickle.load(open(tmp_path / f"diverged-{r}.pkl", "rb"))
+        assert msg.startswith("LoadBalancer: step 4: the ranks used different batch vectors: ranks 0, 2 "), msg
+        assert "; rank 1 (checksum" in msg, msg
+
+
+# ---- data-parallel subgroups: 4 processes as 2 groups of 2, each balanced on its own ----
+
+
+def _subgroup_worker(rank, world, store, out, steps):
+    init(rank, world, store)
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every process enters every new_group
+    mine = groups[rank // 2]
+    x, y = data()
+    model = DDP(make_model(), process_group=mine)
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer=f"random:{5 + rank // 2}", seed=3,
+                      process_group=mine, monitor=fixed_metrics)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sizes = []
+    for g in range(steps):
+        idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+        sizes.append(lb.batch_sizes.tolist())
+        lb.scale(F.cross_entropy(model(x[idx]), y[idx], reduction="sum"), reduction="sum").backward()
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    np.save(os.path.join(out, f"sub-{rank}.npy"), torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy())
+    pickle.dump((lb.rank, lb.world_size, sizes), open(os.path.join(out, f"sub-{rank}.pkl"), "wb"))
+    dist.destroy_process_group()
+
+
+def test_data_parallel_subgroups_balance_on_their_own(tmp_path):
+    spawn(_subgroup_worker, 4, tmp_path, 12)
+    got = [pickle.load(open(tmp_path / f"sub-{r}.pkl", "rb")) for r in range(4)]
+    assert [(g[0], g[1]) for g in got] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+    assert got[0][2] == got[1][2] and got[2][2] == got[3][2], "ranks of one group disagree on the sizes"
+    assert got[0][2] != got[2][2], "the two groups were not balanced apart (random:5 and random:6)"
+    assert all(sum(s) == 24 for g in got for s in g[2])
+    assert_equal_to_one_process(one_process(12, 24), [tmp_path / f"sub-{r}.npy" for r in range(4)])
+
+
+def test_cuda_cap_counts_the_allocators_cache():
+    from lbbsp.torch.controller import cuda_cap
+    assert cuda_cap(free=1000, cached=200, bytes_per_sample=10.0) == 120
+    assert cuda_cap(free=1000, cached=-5, bytes_per_sample=10.0) == 100
+    assert cuda_cap(free=0, cached=0, bytes_per_sample=10.0) == 1

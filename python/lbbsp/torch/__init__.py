@@ -8,7 +8,7 @@
             loss = lb.scale(F.cross_entropy(ddp_model(x[idx]), y[idx]))   # mean over the rank's samples, scaled
             loss.backward()
             opt.step(); opt.zero_grad()
-            lb.step()                              # every rank's time and metrics to rank 0, next sizes back
+            lb.step()                              # the coming step's sizes, decided alike on every rank
 
 The global batch of step k is positions [kX, (k+1)X) of ``lbbsp.epoch_permutation(n, seed, epoch)``, cut by
 prefix sums of the batch vector: the same samples in the same order as ``lbbsp train``. The constructor registers a
@@ -17,13 +17,12 @@ loss that is the mean over this rank's n_r samples into n_r / X of it (X the glo
 adds up to the gradient of the global batch's mean loss, for any split, ranks with 0 samples included: the
 trajectory equals one process on the same global batches.
 
-The time a rank reports for a step is everything it does from leaving one ``step()`` to entering the next (data
-loading, forward, backward, the optimizer step, anything else), less the time its gradient allreduce waited for the
-others (from its last gradient bucket being ready to that allreduce completing, seen by the comm hook) and less
-``untimed()`` blocks. ``step()`` gathers every rank's report on rank 0 in one small collective of its own process
-group, rank 0 runs the C++ balancer, and one broadcast returns the sizes: every rank holds the same sizes at every
-step. With ``lag=L`` the sizes of step k+L+1 are decided after step k, so a DataLoader whose workers read P batches
-ahead needs ``lag >= P`` (``required_lag(num_workers, prefetch_factor)``).
+The time a rank reports for a step is everything it does between leaving one barrier (the gradient allreduce)
+and reaching the next, less ``untimed()`` blocks. Its report leaves from the comm hook when the last gradient
+bucket is ready, in one asynchronous all-gather on a gloo group of its own, and every rank runs the same C++
+balancer on the same reports: every rank holds the same sizes and state at every step, and ``step()`` waits for
+no other rank. With ``lag=L`` the sizes of step k+L+1 are decided after step k, so a DataLoader whose workers
+read P batches ahead needs ``lag >= P`` (``required_lag(num_workers, prefetch_factor)``).
 """
 
 from .controller import LoadBalancer
