@@ -9,6 +9,7 @@ import datetime
 import gc
 import os
 import pickle
+import sys
 import time
 
 import numpy as np
@@ -43,6 +44,16 @@ def init(rank, world, store):
                             timeout=datetime.timedelta(seconds=60))
 
 
+def finish():
+    """Ends a worker without interpreter shutdown: a gloo thread still releasing a Python comm hook's callback
+    when the interpreter finalizes aborts the process ("terminate called without an active exception", PyTorch
+    issue 117762); a test's worker ends right after its last step, so it would meet that now and then."""
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def spawn(fn, world, tmp_path, *args):
     store = tmp_path / f"store-{fn.__name__}-{world}"
     mp.spawn(fn, args=(world, str(store), str(tmp_path), *args), nprocs=world, join=True)
@@ -75,7 +86,7 @@ def _exact_worker(rank, world, store, out, steps, global_batch):
     params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
     np.save(os.path.join(out, f"exact-{world}-{rank}.npy"), params)
     pickle.dump(sizes, open(os.path.join(out, f"sizes-{world}-{rank}.pkl"), "wb"))
-    dist.destroy_process_group()
+    finish()
 
 
 def one_process(steps, global_batch, seed=3, l2=0.0, mean=False):
@@ -133,7 +144,7 @@ def _slow_worker(rank, world, store, out):
         lb.step()
     if rank == 0:
         np.save(os.path.join(out, "slow.npy"), lb.batch_sizes)
-    dist.destroy_process_group()
+    finish()
 
 
 def test_slowed_rank_gets_fewer_samples(tmp_path):
@@ -164,7 +175,7 @@ def _resume_worker(rank, world, store, out, phase):
             torch.save(lb.state_dict(), os.path.join(out, "lb.pt"))
     if rank == 0:
         pickle.dump(seen, open(os.path.join(out, f"resume-{phase}.pkl"), "wb"))
-    dist.destroy_process_group()
+    finish()
 
 
 def test_resume_continues_identically(tmp_path):
@@ -202,7 +213,7 @@ def _loader_worker(rank, world, store, out, lag, workers):
     except RuntimeError as e:
         result = str(e)
     pickle.dump(result, open(os.path.join(out, f"loader-{lag}-{workers}-{rank}.pkl"), "wb"))
-    dist.destroy_process_group()
+    finish()
 
 
 def test_dataloader_with_workers_and_lag(tmp_path):
@@ -245,7 +256,7 @@ def _bad_args_worker(rank, world, store, out):
     except ValueError as e:
         messages["step"] = str(e)
     pickle.dump(messages, open(os.path.join(out, f"bad-{rank}.pkl"), "wb"))
-    dist.destroy_process_group()
+    finish()
 
 
 def test_bad_arguments_raise_on_every_rank(tmp_path):
@@ -328,7 +339,7 @@ def _batchnorm_worker(rank, world, store, out):
                 lb.step()
         counts[name] = [str(w.message) for w in caught if "BatchNorm" in str(w.message)]
     pickle.dump(counts, open(os.path.join(out, f"bn-{rank}.pkl"), "wb"))
-    dist.destroy_process_group()
+    finish()
 
 
 def test_plain_batchnorm_warns_once(tmp_path):
@@ -389,7 +400,7 @@ def _where_worker(rank, world, store, out, where):
         lb.step()
     if rank == 0:
         np.save(os.path.join(out, f"where-{where}.npy"), lb.batch_sizes)
-    dist.destroy_process_group()
+    finish()
 
 
 @pytest.mark.parametrize("where", ["load", "forward", "after_backward"])
@@ -428,7 +439,7 @@ def _mean_worker(rank, world, store, out, steps, global_batch):
     params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
     np.save(os.path.join(out, f"mean-{rank}.npy"), params)
     pickle.dump(sizes, open(os.path.join(out, f"mean-sizes-{rank}.pkl"), "wb"))
-    dist.destroy_process_group()
+    finish()
 
 
 def test_scaled_mean_loss_with_l2_equals_one_process(tmp_path):
@@ -478,7 +489,7 @@ def _loss_check_worker(rank, world, store, out):
     except ValueError as e:
         result["vector"] = str(e)
     pickle.dump(result, open(os.path.join(out, f"loss-{rank}.pkl"), "wb"))
-    dist.destroy_process_group()
+    finish()
 
 
 def test_unscaled_mean_loss_warns_once(tmp_path):
@@ -570,7 +581,7 @@ def _h5_worker(rank, world, store, out, phase, stop):
         result["params"] = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
     loader = None  # persistent workers end here
     pickle.dump(result, open(os.path.join(out, f"h5-{phase}-{rank}.pkl"), "wb"))
-    dist.destroy_process_group()
+    finish()
 
 
 def test_h5_dataloader_workers_resume_equals_one_process(tmp_path):
@@ -624,7 +635,7 @@ def _failing_worker(rank, world, store, out):
     took = time.time() - t0
     dist.barrier()  # every process stays alive until all have their answer: no rank ends by another's death
     pickle.dump((result, took), open(os.path.join(out, f"fail-{rank}.pkl"), "wb"))
-    dist.destroy_process_group()
+    finish()
 
 
 def test_error_on_nonzero_rank_ends_every_rank_naming_it(tmp_path):
@@ -722,7 +733,7 @@ def _world_change_worker(rank, world, store, out, phase, stop):
     np.save(os.path.join(out, f"wc-{phase}-{rank}.npy"), params)
     pickle.dump({"state": pickle.dumps(state), "sizes": sizes, "warnings": [str(w.message) for w in caught]},
                 open(os.path.join(out, f"wc-{phase}-{rank}.pkl"), "wb"))
-    dist.destroy_process_group()
+    finish()
 
 
 def test_state_is_identical_everywhere_and_loads_at_another_world_size(tmp_path):
@@ -768,7 +779,7 @@ def _no_wait_worker(rank, world, store, out, lag):
     except RuntimeError as e:
         result = str(e)
     pickle.dump(result, open(os.path.join(out, f"nowait-{lag}-{rank}.pkl"), "wb"))
-    dist.destroy_process_group()
+    finish()
 
 
 @pytest.mark.parametrize("lag", [0, 1])
@@ -795,7 +806,7 @@ def _diverged_worker(rank, world, store, out):
     except RuntimeError as e:
         result = str(e)
     pickle.dump(result, open(os.path.join(out, f"diverged-{rank}.pkl"), "wb"))
-    dist.destroy_process_group()
+    finish()
 
 
 def test_ranks_using_another_batch_vector_are_named(tmp_path):
@@ -828,7 +839,7 @@ def _subgroup_worker(rank, world, store, out, steps):
         lb.step()
     np.save(os.path.join(out, f"sub-{rank}.npy"), torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy())
     pickle.dump((lb.rank, lb.world_size, sizes), open(os.path.join(out, f"sub-{rank}.pkl"), "wb"))
-    dist.destroy_process_group()
+    finish()
 
 
 def test_data_parallel_subgroups_balance_on_their_own(tmp_path):

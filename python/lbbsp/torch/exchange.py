@@ -1,8 +1,11 @@
 """The control plane: every rank's report of a step reaches every rank in one asynchronous all-gather on gloo
 groups of its own, entered by every process as PyTorch requires; failures are named, hangs time out."""
 
+import atexit
+import collections
 import datetime
 import time
+import weakref
 import zlib
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -54,6 +57,18 @@ def control_groups(ranks: List[int], timeout: datetime.timedelta) -> Tuple[dist.
     return mine
 
 
+_LIVE: "weakref.WeakSet[ReportExchange]" = weakref.WeakSet()
+
+
+@atexit.register
+def _drain_at_exit() -> None:
+    """A gloo thread that completes a collective during interpreter shutdown cannot take the GIL to release its
+    tensors and aborts the process ("terminate called without an active exception"): wait for the reports still
+    in flight while Python still runs."""
+    for exchange in list(_LIVE):
+        exchange.drain(quiet=True)
+
+
 class ReportExchange:
     """The reports of each step in flight (an async all_gather per step), taken in step order."""
 
@@ -62,7 +77,11 @@ class ReportExchange:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.group, self.errors, self.health = control_groups(ranks, self.timeout)
         self._flight: Dict[int, Tuple[dist.Work, List[torch.Tensor]]] = {}
+        # Taken collectives stay referenced a few steps: the gloo thread may still be finishing one after wait()
+        # returned, and must not drop the last reference to its tensors (that needs the GIL).
+        self._retired: collections.deque = collections.deque(maxlen=4)
         self.waited_s = 0.0  # seconds spent blocked in take(), since the owner last cleared it
+        _LIVE.add(self)
 
     def launch(self, step: int, report: torch.Tensor) -> None:
         out = [torch.zeros_like(report) for _ in range(self.world)]
@@ -77,6 +96,7 @@ class ReportExchange:
     def take(self, step: int) -> np.ndarray:
         """Every rank's report of ``step`` (world x REPORT), waiting at most the timeout for it."""
         work, out = self._flight.pop(step)
+        self._retired.append((work, out))
         t0 = time.perf_counter()
         try:
             work.wait(self.timeout)
@@ -87,10 +107,14 @@ class ReportExchange:
             self.waited_s += time.perf_counter() - t0
         return torch.stack(out).numpy()
 
-    def drain(self) -> None:
-        """Waits for the reports still in flight and forgets them."""
+    def drain(self, quiet: bool = False) -> None:
+        """Waits for the reports still in flight and forgets them (quiet: whatever happens to them)."""
         for step in sorted(self._flight):
-            self.take(step)
+            try:
+                self.take(step)
+            except Exception:  # noqa: BLE001 - at exit a failed peer is not this process's error
+                if not quiet:
+                    raise
 
     def fail(self, step: int, failed: Sequence[int], error: Optional[BaseException]) -> None:
         """Every rank raises, naming the failed ranks and carrying the first one's message."""
