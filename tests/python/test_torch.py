@@ -857,3 +857,74 @@ def test_cuda_cap_counts_the_allocators_cache():
     assert cuda_cap(free=1000, cached=200, bytes_per_sample=10.0) == 120
     assert cuda_cap(free=1000, cached=-5, bytes_per_sample=10.0) == 100
     assert cuda_cap(free=0, cached=0, bytes_per_sample=10.0) == 1
+
+
+# ---- gradient accumulation: micro-batches of the rank's slice under no_sync equal one process ----
+
+
+def _accumulate_worker(rank, world, store, out, steps):
+    init(rank, world, store)
+    x, y = data()
+    model = DDP(make_model())
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=3, monitor=fixed_metrics)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for g in range(steps):
+        idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+        chunks = [idx[:len(idx) // 2], idx[len(idx) // 2:]]  # two micro-batches, either possibly empty
+        with model.no_sync():
+            lb.scale(F.cross_entropy(model(x[chunks[0]]), y[chunks[0]]), count=len(chunks[0])).backward()
+        lb.scale(F.cross_entropy(model(x[chunks[1]]), y[chunks[1]]), count=len(chunks[1])).backward()
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    np.save(os.path.join(out, f"acc-{rank}.npy"), torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy())
+    finish()
+
+
+def test_gradient_accumulation_with_no_sync_equals_one_process(tmp_path):
+    spawn(_accumulate_worker, 3, tmp_path, 20)
+    assert_equal_to_one_process(one_process(20, 24, mean=True), [tmp_path / f"acc-{r}.npy" for r in range(3)])
+
+
+# ---- bf16 autocast with GradScaler-style skipping of non-finite steps: the same on every rank ----
+
+
+def _autocast_worker(rank, world, store, out, steps):
+    init(rank, world, store)
+    g = np.random.default_rng(2)
+    x = torch.from_numpy(g.normal(size=(N, DIM))).float()
+    y = x[:, :CLASSES].argmax(1)  # learnable: the loss must fall
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(DIM, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES))
+    model = DDP(net)
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=3, monitor=fixed_metrics)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    losses, skipped, sizes = [], [], []
+    for step in range(steps):
+        idx = torch.from_numpy(lb.indices(*divmod(step, lb.steps_per_epoch)))
+        sizes.append(lb.batch_sizes.tolist())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+        if step == 5 and rank == int(np.argmax(lb.batch_sizes)):
+            loss = loss * float("inf")  # an overflow on one rank (one with samples): after the SUM all see it
+        lb.scale(loss.float()).backward()
+        finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+        if finite:
+            opt.step()
+        else:
+            skipped.append(step)
+        opt.zero_grad()
+        lb.step()
+        with torch.no_grad():
+            losses.append(float(F.cross_entropy(model(x), y)))
+    pickle.dump((losses, skipped, sizes), open(os.path.join(out, f"amp-{rank}.pkl"), "wb"))
+    finish()
+
+
+def test_bf16_autocast_and_skipped_steps_agree_on_every_rank(tmp_path):
+    spawn(_autocast_worker, 3, tmp_path, 30)
+    got = [pickle.load(open(tmp_path / f"amp-{r}.pkl", "rb")) for r in range(3)]
+    assert all(s[1] == [5] for s in got), [s[1] for s in got]
+    assert all(s[2] == got[0][2] for s in got), "the ranks' batch sizes differ"
+    losses = got[0][0]
+    assert np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3]), losses
