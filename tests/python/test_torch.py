@@ -928,3 +928,26 @@ def test_bf16_autocast_and_skipped_steps_agree_on_every_rank(tmp_path):
     assert all(s[2] == got[0][2] for s in got), "the ranks' batch sizes differ"
     losses = got[0][0]
     assert np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3]), losses
+
+
+# ---- examples/torch_fmnist.py: HDF5 through DataLoader workers, validation, a checkpoint resumed at another size ----
+
+
+def test_example_trainer_resumes_at_another_world_size(tmp_path):
+    import subprocess
+    import sys as _sys
+    src = os.environ.get("LBBSP_SOURCE_DIR") or os.path.join(os.path.dirname(__file__), "..", "..")
+    lbbsp_bin = os.environ.get("LBBSP_BIN", "lbbsp")
+    data_file, ckpt = tmp_path / "synth.h5", tmp_path / "ck.pt"
+    subprocess.run([lbbsp_bin, "data", "synth", "--samples", "600", "--features", "784", "--classes", "10",
+                    "--seed", "1", "--out", str(data_file)], check=True, capture_output=True)
+    example = [_sys.executable, os.path.join(src, "examples", "torch_fmnist.py"), "--data", str(data_file),
+               "--global-batch", "60", "--checkpoint", str(ckpt)]
+    first = subprocess.run(example + ["--spawn", "3", "--stop-after", "13"], capture_output=True, text=True)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "epoch 0: test accuracy" in first.stdout and "checkpoint at step 13" in first.stdout, first.stdout
+    second = subprocess.run(example + ["--spawn", "2"], capture_output=True, text=True)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "resumed at step 13 (epoch 1), saved by 3 ranks, now 2" in second.stdout, second.stdout
+    assert "epoch 1: test accuracy" in second.stdout and "checkpoint at step 20" in second.stdout, second.stdout
+    assert "saved at 3 ranks and this run has 2" in second.stderr, second.stderr
