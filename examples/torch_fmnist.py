@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lbbsp.torch import LoadBalancer, init_from_env, required_lag
+from lbbsp.torch import LoadBalancer, init_from_env
 
 
 class H5Images(torch.utils.data.Dataset):
@@ -70,7 +70,7 @@ def train(a):
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     # The DataLoader reads workers x prefetch_factor batches ahead: the balancer decides that far ahead.
     lb = LoadBalancer(model, dataset_size=len(data), global_batch=a.global_batch, balancer=a.balancer,
-                      lag=required_lag(a.workers, 1), seed=a.seed)
+                      seed=a.seed)  # lag: set by data_loader() to what its workers read ahead
     if a.checkpoint and os.path.exists(a.checkpoint):
         state = torch.load(a.checkpoint)
         model.module.load_state_dict(state["model"])

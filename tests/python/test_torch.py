@@ -7,6 +7,7 @@ timeout, and a portable extension."""
 
 import datetime
 import gc
+import itertools
 import os
 import pickle
 import sys
@@ -44,6 +45,9 @@ def init(rank, world, store):
                             timeout=datetime.timedelta(seconds=60))
 
 
+_STORES = itertools.count()
+
+
 def finish():
     """Ends a worker without interpreter shutdown: a gloo thread still releasing a Python comm hook's callback
     when the interpreter finalizes aborts the process ("terminate called without an active exception", PyTorch
@@ -55,7 +59,8 @@ def finish():
 
 
 def spawn(fn, world, tmp_path, *args):
-    store = tmp_path / f"store-{fn.__name__}-{world}"
+    store = tmp_path / f"store-{fn.__name__}-{world}-{next(_STORES)}"  # a fresh FileStore per spawn: workers
+    # that end with os._exit leave theirs behind
     mp.spawn(fn, args=(world, str(store), str(tmp_path), *args), nprocs=world, join=True)
 
 
@@ -180,7 +185,6 @@ def _resume_worker(rank, world, store, out, phase):
 
 def test_resume_continues_identically(tmp_path):
     spawn(_resume_worker, 2, tmp_path, "first")
-    os.remove(tmp_path / "store-_resume_worker-2") if (tmp_path / "store-_resume_worker-2").exists() else None
     spawn(_resume_worker, 2, tmp_path, "resume")
     first = pickle.load(open(tmp_path / "resume-first.pkl", "rb"))
     resumed = pickle.load(open(tmp_path / "resume-resume.pkl", "rb"))
@@ -535,13 +539,14 @@ def _h5_worker(rank, world, store, out, phase, stop):
         opt_state = ckpt["opt"]
     model = DDP(model_net)
     lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=4, min_batch=0,
-                      lag=required_lag(2, 1), monitor=fixed_metrics)
+                      monitor=fixed_metrics)  # lag left to data_loader(): 2 workers x prefetch 1
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     if phase == "resume":
         lb.load_state_dict(ckpt["lb"])
         opt.load_state_dict(opt_state)
     ds = _H5Dataset(os.path.join(out, "data.h5"))
     loader = lb.data_loader(ds, num_workers=2, prefetch_factor=1, persistent_workers=True)
+    assert lb.lag == required_lag(2, 1) == 2, lb.lag
     x, y = data()
     lengths, sizes = [], []
     for epoch in range(lb.epoch, 2):
@@ -590,8 +595,6 @@ def test_h5_dataloader_workers_resume_equals_one_process(tmp_path):
     with h5py.File(tmp_path / "data.h5", "w") as f:
         f["x"], f["y"] = x.numpy(), y.numpy()
     spawn(_h5_worker, 2, tmp_path, "first", 13)  # stops at step 3 of epoch 1 (10 steps per epoch)
-    if (tmp_path / "store-_h5_worker-2").exists():  # the FileStore's last client may have removed it already
-        os.remove(tmp_path / "store-_h5_worker-2")
     spawn(_h5_worker, 2, tmp_path, "resume", -1)
     first = [pickle.load(open(tmp_path / f"h5-first-{r}.pkl", "rb")) for r in range(2)]
     resumed = [pickle.load(open(tmp_path / f"h5-resume-{r}.pkl", "rb")) for r in range(2)]

@@ -37,7 +37,8 @@ class LoadBalancer:
         balancer, predictor, seed, min_batch: as for ``lbbsp train`` (``bsp``, ``static[:K]``, ``random:SEED``,
             ``lbbsp-cpu``, ``lbbsp-gpu``, ``lbbsp-gpu-model``; predictors ``narx``, ``arima``, ``ema``, ``last``).
         lag: 0 decides step k+1's sizes after step k; L > 0 decides step k+L+1's (a DataLoader with workers
-            needs ``lag >= required_lag(num_workers, prefetch_factor)``).
+            needs ``lag >= required_lag(num_workers, prefetch_factor)``). None (default): 0, raised by
+            ``data_loader()`` to what its DataLoader needs when it is built before the first step.
         process_group: the data-parallel group to balance over (default: the whole world). With subgroups
             every process of the world builds its LoadBalancer at the same point, each with its own group
             (the control groups are made by every process, as PyTorch requires).
@@ -59,7 +60,7 @@ class LoadBalancer:
 
     def __init__(self, model: Optional[torch.nn.Module], dataset_size: int, global_batch: int,
                  balancer: str = "lbbsp-cpu", predictor: str = "narx", seed: int = 1, min_batch: int = 0,
-                 lag: int = 0, process_group: Optional[dist.ProcessGroup] = None, timeout_s: float = 300.0,
+                 lag: Optional[int] = None, process_group: Optional[dist.ProcessGroup] = None, timeout_s: float = 300.0,
                  monitor: Optional[Callable[[], List[float]]] = None, check_loss: bool = True) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("LoadBalancer: call torch.distributed.init_process_group() first")
@@ -67,7 +68,8 @@ class LoadBalancer:
         self.global_batch = _positive_int(global_batch, "global_batch")
         if self.global_batch > self.dataset_size:
             raise ValueError(f"LoadBalancer: global_batch {global_batch} exceeds dataset_size {dataset_size}")
-        self.lag = _positive_int(lag, "lag", 0)
+        self._auto_lag = lag is None
+        self.lag = 0 if lag is None else _positive_int(lag, "lag", 0)
         self.seed = _positive_int(seed, "seed", 0)
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"LoadBalancer: timeout_s must be a positive number of seconds, got {timeout_s!r}")
@@ -88,6 +90,7 @@ class LoadBalancer:
         self._sizes: Dict[int, np.ndarray] = {k: self._balancer.initial() for k in range(self.lag + 1)}
         self._step = 0  # global step (over epochs) that the next step() closes
         self._decided = -1  # the last step whose reports were decided from
+        self._stepped = False  # step() called since construction (or the last load_state_dict)
         self._report_error: Optional[BaseException] = None
         self._perm_epoch, self._perm = -1, None
         self._monitor = monitor if monitor is not None else ResourceMonitor().sample
@@ -328,7 +331,7 @@ class LoadBalancer:
             self._send_report(k, t0)
         self._decide_through(k - self.lag, block=True)  # step k+1's sizes
         self._decide_through(k, block=False)
-        self._step = k + 1
+        self._step, self._stepped = k + 1, True
         for g in [g for g in self._sizes if g <= min(k, self._decided)]:
             del self._sizes[g]  # decided from and past; undecided steps keep theirs to check their reports
         if from_step:
@@ -399,6 +402,8 @@ class LoadBalancer:
                                  "with the same ones")
         self._exchange.drain()
         step = int(state["step"])
+        if self._auto_lag and not self._stepped:
+            self.lag = max(self.lag, int(state.get("lag", 0)))
         if state.get("world_size") != self.world_size:
             warnings.warn(f"LoadBalancer.load_state_dict: the state was saved at {state.get('world_size')} ranks "
                           f"and this run has {self.world_size}: the balancer starts afresh from an equal split "
@@ -413,7 +418,7 @@ class LoadBalancer:
         for g in range(step, step + self.lag + 1):
             last = saved.get(g, last)
             sizes[g] = last
-        self._sizes, self._step, self._decided = sizes, step, step - 1
+        self._sizes, self._step, self._decided, self._stepped = sizes, step, step - 1, False
         self._restart_clock()
 
     # ---- DataLoader ----
@@ -432,6 +437,8 @@ class LoadBalancer:
         ``AllowEmpty`` so a rank given 0 samples gets an empty batch. Raises ValueError when the loader would
         read further ahead than ``lag`` decides (``lag < required_lag(num_workers, prefetch_factor)``)."""
         need = required_lag(num_workers, prefetch_factor)
+        if need > self.lag and self._auto_lag and not self._stepped and not self._exchange.launched(self._step):
+            self._raise_lag(need)
         if need > self.lag:
             raise ValueError(f"LoadBalancer.data_loader: a DataLoader with num_workers={num_workers} and "
                              f"prefetch_factor={2 if prefetch_factor is None else prefetch_factor} reads {need} "
@@ -449,6 +456,14 @@ class LoadBalancer:
                                            **kwargs)
 
     # ---- internals ----
+
+    def _raise_lag(self, lag: int) -> None:
+        """Before the first step here: decide ``lag`` steps ahead; the steps not decided yet repeat the last
+        decided vector (the initial split in a fresh run)."""
+        last = self._sizes[self._step + self.lag]
+        for g in range(self._step + self.lag + 1, self._step + lag + 1):
+            self._sizes[g] = last.copy()
+        self.lag = lag
 
     def _metrics(self) -> List[float]:
         m = [float(v) for v in self._monitor()]
