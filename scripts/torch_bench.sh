@@ -33,12 +33,19 @@ fi
 [[ -f $DATA ]] || "$LBBSP" data import-fashion-mnist --out "$DATA"
 common=(--data "$DATA" --model mlp --global-batch $X --lr 0.2 --seed 1 --epochs 20 --max-iterations "$IT" --eval-every 25
         --test-subset 5000 --target-accuracy 0.85)
-echo "== plain DDP"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --plain-ddp --straggle $caps \
-  --cost-slope $SLOPE --summary-json "$OUT/plain-ddp.json" | tail -1
+# Where the emulated cost lands in the step (forward, loading, after backward) and, as "loader", the forward
+# placement with the batches read by a DataLoader with 2 workers: plain DDP and DDP + lbbsp for each.
+variants=("forward:--cost-at forward" "load:--cost-at load" "after-backward:--cost-at after-backward"
+          "loader:--cost-at forward --workers 2")
+for v in "${variants[@]}"; do
+  name=${v%%:*} args=${v#*:}
+  echo "== plain DDP, $name"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --plain-ddp --straggle $caps \
+    --cost-slope $SLOPE $args --summary-json "$OUT/plain-ddp-$name.json" | tail -1
+  echo "== DDP + lbbsp, $name"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --balancer lbbsp-cpu \
+    --predictor narx --straggle $caps --cost-slope $SLOPE $args --summary-json "$OUT/ddp-lbbsp-$name.json" | tail -1
+done
 echo "== DDP, oracle split"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --oracle --straggle $caps \
   --cost-slope $SLOPE --summary-json "$OUT/ddp-oracle.json" | tail -1
-echo "== DDP + lbbsp"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --balancer lbbsp-cpu --predictor narx \
-  --straggle $caps --cost-slope $SLOPE --summary-json "$OUT/ddp-lbbsp.json" | tail -1
 for b in lbbsp-cpu oracle; do
   echo "== lbbsp train $b"
   mpirun -n $R --oversubscribe --bind-to none "$LBBSP" train "${common[@]}" --balancer $b --predictor narx \
@@ -48,22 +55,25 @@ done
 "$PY" - "$OUT" $SLOPE $X $caps <<'PY'
 import json, sys
 out, slope, X, caps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), [float(c) for c in sys.argv[4].split(",")]
-ideal = slope * X / sum(caps)
-rows = [("plain DDP (torch %s)", "plain-ddp", "ddp-oracle"), ("DDP + lbbsp lbbsp-cpu/narx", "ddp-lbbsp", "ddp-oracle"),
-        ("DDP, oracle split", "ddp-oracle", "ddp-oracle"),
-        ("lbbsp train lbbsp-cpu/narx", "lbbsp-lbbsp-cpu", "lbbsp-oracle"), ("lbbsp train oracle", "lbbsp-oracle", "lbbsp-oracle")]
-s = {k: json.load(open(f"{out}/{k}.json")) for _, k, _ in rows}
-base = s["plain-ddp"]["mean_iteration_s"]
-print(f"\nideal iteration (every rank busy): {ideal * 1e3:.1f} ms\n")
-print("| run | mean iteration | vs plain DDP | vs its oracle | vs ideal | time to 0.85 | decide / step cost |")
-print("|---|---:|---:|---:|---:|---:|---:|")
-for label, k, oracle in rows:
-    r = s[k]
-    it = r["mean_iteration_s"]
-    t = r.get("time_to_target_s")
-    cost = "%.2f%% / %.1f%%" % (100 * r["decide_fraction"], 100 * r["controller_fraction"]) if "decide_fraction" in r \
+def row(label, r, base, oracle):
+    it, t = r["mean_iteration_s"], r.get("time_to_target_s")
+    cost = "%.2f%% / %.2f%%" % (100 * r["decide_fraction"], 100 * r["controller_fraction"]) if "decide_fraction" in r \
         else "%.2f%%" % (100 * r.get("balancer_overhead_fraction", 0.0))
-    label = label % r.get("torch", "") if "%s" in label else label
-    print(f"| {label} | {it * 1e3:.1f} ms | {base / it:.2f}x | {s[oracle]['mean_iteration_s'] / it:.3f} | {ideal / it:.3f} | "
+    vs = f"{base / it:.2f}x" if base else "-"
+    print(f"| {label} | {it * 1e3:.1f} ms | {vs} | {oracle / it:.3f} | {ideal / it:.3f} | "
           f"{'%.1f s' % t if t is not None else 'not reached'} | {cost} |")
+load = lambda k: json.load(open(f"{out}/{k}.json"))
+ideal = slope * X / sum(caps)
+oracle = load("ddp-oracle")
+print(f"\nideal iteration (every rank busy): {ideal * 1e3:.1f} ms; torch {oracle['torch']}\n")
+print("| run | mean iteration | vs plain DDP | vs its oracle | vs ideal | time to 0.85 | decide / step() cost |")
+print("|---|---:|---:|---:|---:|---:|---:|")
+for name in ("forward", "load", "after-backward", "loader"):
+    plain = load(f"plain-ddp-{name}")
+    row(f"plain DDP, cost {name}", plain, plain["mean_iteration_s"], oracle["mean_iteration_s"])
+    row(f"DDP + lbbsp, cost {name}", load(f"ddp-lbbsp-{name}"), plain["mean_iteration_s"], oracle["mean_iteration_s"])
+row("DDP, oracle split (cost forward)", oracle, load("plain-ddp-forward")["mean_iteration_s"], oracle["mean_iteration_s"])
+lo = load("lbbsp-oracle")["mean_iteration_s"]
+row("lbbsp train lbbsp-cpu/narx", load("lbbsp-lbbsp-cpu"), 0, lo)
+row("lbbsp train oracle", load("lbbsp-oracle"), 0, lo)
 PY

@@ -10,7 +10,8 @@ Launch with any of (rank and world size come from the launcher's environment):
 
 --straggle 1,1,0.5,0.25 --cost-slope S emulates capacities: a rank at capacity c takes max(forward, S x batch / c)
 seconds, after the forward pass, after backward or (added) in loading the batch (--cost-at; lbbsp train's
-`--straggle static:...;gpu=0:0:S:1000000`). --plain-ddp runs stock DDP instead (equal split, averaging allreduce):
+`--straggle static:...;gpu=0:0:S:1000000`). --workers N reads the batches through a DataLoader with N worker processes (lb.data_loader: the balancer's
+sampler, its lag set to what the workers read ahead). --plain-ddp runs stock DDP instead (equal split, averaging allreduce):
 the baseline. Rank 0 prints one JSON summary line (and writes --summary-json).
 """
 import argparse
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import lbbsp
-from lbbsp.torch import LoadBalancer, init_from_env
+from lbbsp.torch import AllowEmpty, LoadBalancer, init_from_env
 
 
 def make_model(kind):
@@ -63,6 +64,35 @@ def evaluate(model, x, y):
     return acc
 
 
+def batches(a, lb, fixed, rank, steps, xtr, ytr):
+    """(x, y) of this rank for every step: slices of the tensors, or (--workers N) a DataLoader with N worker
+    processes, the balancer's own (lb.data_loader, whose lag it sets) or, for a fixed split, one over the fixed
+    split's index lists."""
+    controlled = not (a.plain_ddp or a.oracle)
+    if not a.workers:
+        for g in range(steps):
+            epoch, step = divmod(g, lb.steps_per_epoch)
+            idx = lb.indices(epoch, step) if controlled else lbbsp.rank_indices(lb.permutation(epoch), step, fixed, rank)
+            idx = torch.from_numpy(idx)
+            yield xtr[idx], ytr[idx]
+        return
+    data = torch.utils.data.TensorDataset(xtr, ytr)
+    if controlled:
+        loader = lb.data_loader(data, num_workers=a.workers, prefetch_factor=1, persistent_workers=True)
+    else:
+        lists = [lbbsp.rank_indices(lb.permutation(g // lb.steps_per_epoch), g % lb.steps_per_epoch, fixed,
+                                    rank).tolist() for g in range(steps)]
+        loader = torch.utils.data.DataLoader(data, batch_sampler=lists, num_workers=a.workers, prefetch_factor=1,
+                                             collate_fn=AllowEmpty(data))
+    done = 0
+    while done < steps:
+        for xy in loader:
+            yield xy
+            done += 1
+            if done == steps:
+                return
+
+
 def train(a):
     torch.set_num_threads(a.threads)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -82,30 +112,28 @@ def train(a):
         else lb.batch_sizes
     steps = min(a.max_iterations or 1 << 62, lb.steps_per_epoch * a.epochs)
     train_s, control_s, time_to_target, acc = 0.0, 0.0, None, float("nan")
+    data = batches(a, lb, fixed, rank, steps, xtr, ytr)  # plain DDP and --oracle: a fixed split, no controller
+    first = next(data)  # DataLoader workers start here, outside the timed steps
     dist.barrier()
     for g in range(steps):
         t0 = time.perf_counter()
-        epoch, step = divmod(g, lb.steps_per_epoch)
-        if a.plain_ddp or a.oracle:  # a fixed split, no controller at all
-            idx = torch.from_numpy(lbbsp.rank_indices(lb.permutation(epoch), step, fixed, rank))
-        else:
-            idx = torch.from_numpy(lb.indices(epoch, step))
+        xb, yb = first if g == 0 else next(data)
         # The emulated cost where --cost-at puts it: reading the batch (added), or after the forward pass or
         # after backward (max with the forward's own time); lbbsp.torch measures the whole step either way.
         if a.cost_at == "load":
-            emulate(cap, a.cost_slope, len(idx), 0.0)
+            emulate(cap, a.cost_slope, len(yb), 0.0)
         t_compute = time.perf_counter()
-        out = model(xtr[idx])
+        out = model(xb)
         if a.plain_ddp:
-            loss = F.cross_entropy(out, ytr[idx])  # mean over an equal slice; DDP averages: global mean
+            loss = F.cross_entropy(out, yb)  # mean over an equal slice; DDP averages: global mean
         else:
-            loss = lb.scale(F.cross_entropy(out, ytr[idx]), count=len(idx))  # this rank's share of the mean
+            loss = lb.scale(F.cross_entropy(out, yb), count=len(yb))  # this rank's share of the mean
         forward_s = time.perf_counter() - t_compute
         if a.cost_at == "forward":
-            emulate(cap, a.cost_slope, len(idx), forward_s)
+            emulate(cap, a.cost_slope, len(yb), forward_s)
         loss.backward()
         if a.cost_at == "after-backward":
-            emulate(cap, a.cost_slope, len(idx), forward_s)
+            emulate(cap, a.cost_slope, len(yb), forward_s)
         opt.step()
         opt.zero_grad(set_to_none=True)
         t_control = time.perf_counter()
@@ -124,7 +152,7 @@ def train(a):
              "mean_iteration_s": train_s / max(steps, 1), "controller_fraction": control_s / max(train_s, 1e-12),
              "decide_fraction": lb.timing["decide_s"] / max(train_s, 1e-12),
              "test_accuracy": acc, "target_accuracy": a.target_accuracy, "time_to_target_s": time_to_target,
-             "final_batch_sizes": (fixed if a.plain_ddp or a.oracle else lb.batch_sizes).tolist(), "torch": torch.__version__, "lbbsp": lbbsp.__version__}
+             "cost_at": a.cost_at, "workers": a.workers, "final_batch_sizes": (fixed if a.plain_ddp or a.oracle else lb.batch_sizes).tolist(), "torch": torch.__version__, "lbbsp": lbbsp.__version__}
         print(json.dumps(s), flush=True)
         if a.summary_json:
             with open(a.summary_json, "w") as f:
@@ -157,6 +185,7 @@ def main():
     ap.add_argument("--cost-at", default="forward", choices=["load", "forward", "after-backward"],
                     help="where the emulated cost lands in the step (default: after the forward pass)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=0, help="read batches through a DataLoader with N workers")
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--test-subset", type=int, default=0)
     ap.add_argument("--target-accuracy", type=float, default=None)
