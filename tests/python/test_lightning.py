@@ -1,0 +1,66 @@
+"""lbbsp.lightning on Lightning 2.x (its own launcher, 3 CPU processes, gloo): float64 training with a random
+balancer that gives zero-size slices equals one process on the same global batches; the balancer's figures are
+logged; refused configurations raise. Runs where lightning is installed (python.torch2's venv)."""
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+pl = pytest.importorskip("lightning.pytorch", reason="lightning is not installed (python.torch2 installs it)")
+
+from lbbsp.lightning import LoadBalancedDDP  # noqa: E402
+from test_torch import CLASSES, N, data, fixed_metrics, make_model, one_process  # noqa: E402
+
+
+class Net(pl.LightningModule):
+    def __init__(self, out):
+        super().__init__()
+        self.net, self.out, self.sizes = make_model(), out, []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)  # the usual mean loss
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self.sizes.append(self.trainer.strategy.load_balancer.batch_sizes.tolist())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+    def train_dataloader(self):
+        x, y = data()
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, shuffle=True)
+
+    def on_train_end(self):
+        rank = self.trainer.global_rank
+        params = torch.cat([p.detach().flatten() for p in self.net.parameters()]).numpy()
+        logged = sorted(k for k in self.trainer.callback_metrics if k.startswith("lbbsp/"))
+        pickle.dump({"params": params, "sizes": self.sizes, "logged": logged},
+                    open(os.path.join(self.out, f"lightning-{rank}.pkl"), "wb"))
+
+
+def test_lightning_equals_one_process(tmp_path):
+    strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method="spawn")
+    trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=2, precision="64-true",
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(Net(str(tmp_path)))
+    got = [pickle.load(open(tmp_path / f"lightning-{r}.pkl", "rb")) for r in range(3)]
+    sizes = np.array(got[0]["sizes"])
+    assert sizes.shape == (20, 3) and (sizes.sum(axis=1) == 24).all(), sizes  # 240 samples, 3 x 8: 10 per epoch
+    assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
+    assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
+    assert "lbbsp/batch_size" in got[0]["logged"], got[0]["logged"]
+    ref = one_process(20, 24, mean=True)
+    for r, g in enumerate(got):
+        rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
+        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
+
+
+def test_lightning_refuses_what_breaks_the_invariant():
+    with pytest.raises(ValueError, match="ddp_comm_hook cannot be set"):
+        LoadBalancedDDP(ddp_comm_hook=lambda state, bucket: None)
