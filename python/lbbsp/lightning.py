@@ -125,8 +125,12 @@ class LoadBalancedDDP(DDPStrategy):
                       worker_init_fn=dataloader.worker_init_fn, multiprocessing_context=dataloader.multiprocessing_context,
                       persistent_workers=dataloader.persistent_workers)
         prefetch = dataloader.prefetch_factor if dataloader.num_workers > 0 else None
-        return self.load_balancer.data_loader(dataset, num_workers=dataloader.num_workers, prefetch_factor=prefetch,
-                                              collate_fn=dataloader.collate_fn, **kwargs)
+        loader = self.load_balancer.data_loader(dataset, num_workers=dataloader.num_workers,
+                                                prefetch_factor=prefetch, collate_fn=dataloader.collate_fn, **kwargs)
+        # Lightning counts the batches done before a mid-epoch resume and stops at the epoch's length itself;
+        # the sampler yields the rest of the epoch from lb.global_step.
+        loader.batch_sampler.whole_epoch_len = True
+        return loader
 
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         lb = self.load_balancer

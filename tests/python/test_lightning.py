@@ -64,3 +64,29 @@ def test_lightning_equals_one_process(tmp_path):
 def test_lightning_refuses_what_breaks_the_invariant():
     with pytest.raises(ValueError, match="ddp_comm_hook cannot be set"):
         LoadBalancedDDP(ddp_comm_hook=lambda state, bucket: None)
+
+
+def _fit(out, ckpt_path=None, **trainer_kwargs):
+    strategy = LoadBalancedDDP(balancer="random:7", seed=3, monitor=fixed_metrics, start_method="spawn")
+    kwargs = dict(accelerator="cpu", devices=3, strategy=strategy, max_epochs=2, precision="64-true", logger=False,
+                  enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                  num_sanity_val_steps=0)
+    kwargs.update(trainer_kwargs)
+    pl.Trainer(**kwargs).fit(Net(str(out)), ckpt_path=ckpt_path)
+    return [pickle.load(open(out / f"lightning-{r}.pkl", "rb")) for r in range(3)]
+
+
+def test_lightning_checkpoint_resumes_with_the_same_sizes(tmp_path):
+    for d in ("full", "first", "resumed"):
+        (tmp_path / d).mkdir()
+    full = _fit(tmp_path / "full")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    saver = ModelCheckpoint(dirpath=str(tmp_path), filename="mid", every_n_train_steps=13, save_top_k=-1)
+    first = _fit(tmp_path / "first", max_steps=13, callbacks=[saver], enable_checkpointing=True)
+    assert first[0]["sizes"] == full[0]["sizes"][:13], (first[0]["sizes"], full[0]["sizes"][:13])
+    resumed = _fit(tmp_path / "resumed", ckpt_path=str(tmp_path / "mid.ckpt"))
+    assert resumed[0]["sizes"] == full[0]["sizes"][13:], (resumed[0]["sizes"], full[0]["sizes"][13:])
+    ref = one_process(20, 24, mean=True)
+    for r, g in enumerate(resumed):
+        rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
+        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"

@@ -414,7 +414,8 @@ class LoadBalancer:
                 raise ValueError("LoadBalancer.load_state_dict: the state has no balancer state: save it on rank 0")
             self._balancer.load_state(state["balancer"])
             saved = {int(k): np.asarray(v, dtype=np.int64) for k, v in state["sizes"].items()}
-        sizes, last = {}, saved.get(step, self._balancer.initial())
+        # initial() only where nothing was saved: it draws from the random balancer's generator
+        sizes, last = {}, saved[step] if step in saved else self._balancer.initial()
         for g in range(step, step + self.lag + 1):
             last = saved.get(g, last)
             sizes[g] = last

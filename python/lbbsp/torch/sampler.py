@@ -67,6 +67,8 @@ class BalancedBatchSampler:
 
     def __init__(self, lb: LoadBalancer, epoch: Optional[int] = None) -> None:
         self.lb, self._started = lb, None  # (epoch, first step) of the latest iteration
+        # A loop that counts the steps done before a resume itself (Lightning's) wants the whole epoch's length.
+        self.whole_epoch_len = False
         self._epoch = None if epoch is None else _positive_int(epoch, "epoch", 0)
 
     def set_epoch(self, epoch: Optional[int]) -> None:
@@ -90,6 +92,8 @@ class BalancedBatchSampler:
     def __len__(self) -> int:
         """Steps the current (or next) iteration yields: the epoch's, less those done before it began."""
         spe, g = self.lb.steps_per_epoch, self.lb.global_step
+        if self.whole_epoch_len:
+            return spe
         epoch = g // spe if self._epoch is None else self._epoch
         if self._started is not None and self._started[0] == epoch and g < (epoch + 1) * spe:
             return spe - self._started[1]  # iterating this epoch: where the iteration began
