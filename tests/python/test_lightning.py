@@ -90,3 +90,31 @@ def test_lightning_checkpoint_resumes_with_the_same_sizes(tmp_path):
     for r, g in enumerate(resumed):
         rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
         assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
+
+
+class SlowNet(Net):
+    """Net whose last rank sleeps 5x longer per sample in training_step (a straggler inside the step)."""
+
+    def training_step(self, batch, batch_idx):
+        import time
+        x, y = batch
+        time.sleep(len(y) * (1.5e-3 if self.trainer.global_rank == 2 else 3e-4))
+        return F.cross_entropy(self.net(x), y)
+
+    def train_dataloader(self):
+        g = np.random.default_rng(1)
+        x = torch.from_numpy(g.normal(size=(64 * 25, 12)))
+        y = torch.from_numpy(g.integers(0, CLASSES, 64 * 25))
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64 // 3 + 1)
+
+
+def test_lightning_slowed_rank_gets_fewer_samples(tmp_path):
+    strategy = LoadBalancedDDP(balancer="lbbsp-cpu", predictor="ema", global_batch=64, monitor=fixed_metrics,
+                               start_method="spawn")
+    trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=1, precision="64-true",
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(SlowNet(str(tmp_path)))
+    sizes = pickle.load(open(tmp_path / "lightning-0.pkl", "rb"))["sizes"][-1]
+    assert sum(sizes) == 64
+    assert sizes[2] < 0.5 * min(sizes[0], sizes[1]), sizes
