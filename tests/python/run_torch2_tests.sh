@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# tests/python/test_torch.py and test_lightning.py on the PyTorch users run: 2.x from PyPI (LBBSP_TORCH2_SPEC,
-# default the pin below) with Lightning (LBBSP_LIGHTNING_SPEC) in a virtual environment of its own, without Debian's 1.13 (no system site packages). The environment is built
+# tests/python/test_torch.py, test_lightning.py and test_accelerate.py on the PyTorch users run: 2.x from PyPI
+# (LBBSP_TORCH2_SPEC, default the pin below) with Lightning and Accelerate (LBBSP_FRAMEWORKS_SPEC) in a virtual
+# environment of its own, without Debian's 1.13 (no system site packages). The environment is built
 # once per spec (~1.5 min, ~5.5 GB with the CUDA libraries PyPI's torch depends on) in LBBSP_TORCH2_VENV (default
 # ~/.cache/lbbsp/) and reused; the lbbsp wheel is python.package's (same build) or built here, and reinstalled
 # into it on every run. $1 = lbbsp (the binary), $2 = scratch folder.
@@ -10,7 +11,7 @@ LBBSP=$(realpath "$1")
 SCRATCH=$2
 PY=${LBBSP_TEST_PYTHON:-/usr/bin/python3}
 SPEC=${LBBSP_TORCH2_SPEC:-torch==2.15.0}
-LIGHTNING=${LBBSP_LIGHTNING_SPEC:-lightning==2.6.6}
+FRAMEWORKS=${LBBSP_FRAMEWORKS_SPEC:-lightning==2.6.6 accelerate==1.15.0}
 VENV=${LBBSP_TORCH2_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/lbbsp/venv-$(tr -c 'A-Za-z0-9.\n' _ <<<"$SPEC")}
 WHEELS=${LBBSP_WHEEL_DIR:-$(dirname "$SCRATCH")/python.package/wheel}
 rm -rf "$SCRATCH" && mkdir -p "$SCRATCH"
@@ -22,8 +23,9 @@ if ! "$VENV/bin/python" -c "import torch, h5py, pytest, numpy" 2>/dev/null; then
   "$VENV/bin/pip" install -q "$SPEC" numpy h5py pytest ||
     { rm -rf "$VENV"; echo "FAIL: pip install $SPEC from PyPI failed (network?)" >&2; exit 1; }
 fi
-if ! "$VENV/bin/python" -c "import lightning" 2>/dev/null; then
-  "$VENV/bin/pip" install -q "$LIGHTNING" || { echo "FAIL: pip install $LIGHTNING from PyPI failed (network?)" >&2; exit 1; }
+if ! "$VENV/bin/python" -c "import lightning, accelerate" 2>/dev/null; then
+  # shellcheck disable=SC2086 # FRAMEWORKS is a list of requirement specs
+  "$VENV/bin/pip" install -q $FRAMEWORKS || { echo "FAIL: pip install $FRAMEWORKS from PyPI failed (network?)" >&2; exit 1; }
 fi
 version=$("$VENV/bin/python" -c "import torch; print(torch.__version__)")
 [[ $version == 2.* ]] || { echo "FAIL: $VENV has torch $version, not 2.x" >&2; exit 1; }
@@ -37,4 +39,4 @@ fi
 "$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheel"
 cd "$SCRATCH"
 LBBSP_BIN=$LBBSP "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$SRC/tests/python/test_torch.py" \
-  "$SRC/tests/python/test_lightning.py"
+  "$SRC/tests/python/test_lightning.py" "$SRC/tests/python/test_accelerate.py"

@@ -1,0 +1,87 @@
+"""LB-BSP under Hugging Face Accelerate: ``lbbsp.accelerate.prepare`` in place of ``accelerator.prepare`` for the
+training model, optimizer and DataLoader; the loop stays as Accelerate users write it.
+
+    accelerator = Accelerator()
+    model, optimizer, loader, lb = lbbsp.accelerate.prepare(accelerator, model, optimizer, loader,
+                                                            balancer="lbbsp-cpu")
+    for epoch in range(lb.epoch, epochs):
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)     # the usual mean loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+``prepare`` calls ``accelerator.prepare(model, optimizer)`` (DDP), builds an ``lbbsp.torch.LoadBalancer`` on the
+DDP model (its SUM hook), replaces the DataLoader by the balancer's over the same dataset (per-rank sizes re-sized
+every step; Accelerate's sharding is not applied to it), makes ``accelerator.backward`` scale the loss to the rank's
+share of the global batch first, makes ``optimizer.step()`` end with ``lb.step()``, and registers the balancer for
+``accelerator.save_state`` / ``load_state``. Needs ``pip install accelerate``.
+"""
+
+from typing import Any, Callable, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .torch import LoadBalancer
+
+__all__ = ["prepare"]
+
+
+def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            dataloader: torch.utils.data.DataLoader, *, global_batch: Optional[int] = None,
+            balancer: str = "lbbsp-cpu", predictor: str = "narx", seed: int = 1, min_batch: int = 0,
+            timeout_s: float = 300.0, monitor: Optional[Callable[[], Any]] = None) -> Tuple[Any, Any, Any, LoadBalancer]:
+    """Prepares (model, optimizer, dataloader) with ``accelerator`` and balances them; returns the prepared model
+    and optimizer, the balanced DataLoader and the LoadBalancer. ``global_batch`` defaults to the DataLoader's
+    ``batch_size`` times the number of processes."""
+    if getattr(accelerator, "gradient_accumulation_steps", 1) != 1:
+        raise ValueError("lbbsp.accelerate.prepare: gradient_accumulation_steps="
+                         f"{accelerator.gradient_accumulation_steps} is not supported yet: use a larger global batch")
+    if not isinstance(dataloader, torch.utils.data.DataLoader):
+        raise TypeError(f"lbbsp.accelerate.prepare: dataloader must be a torch DataLoader (not yet prepared), got "
+                        f"{type(dataloader).__name__}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("lbbsp.accelerate.prepare: no process group: launch with `accelerate launch` (or "
+                           "torchrun) on more than one process")
+    dataset = dataloader.dataset
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        raise TypeError("lbbsp.accelerate.prepare: the dataset is an IterableDataset; the balancer picks each rank's "
+                        "samples by index, so it needs a map-style Dataset (__getitem__, __len__)")
+    if global_batch is None:
+        if dataloader.batch_size is None:
+            raise ValueError("lbbsp.accelerate.prepare: the DataLoader has no batch_size (it has a batch_sampler): "
+                             "pass global_batch=")
+        global_batch = dataloader.batch_size * accelerator.num_processes
+    model, optimizer = accelerator.prepare(model, optimizer)
+    ddp = model if hasattr(model, "register_comm_hook") else None
+    lb = LoadBalancer(ddp, dataset_size=len(dataset), global_batch=global_batch, balancer=balancer,
+                      predictor=predictor, seed=seed, min_batch=min_batch, timeout_s=timeout_s, monitor=monitor)
+    prefetch = dataloader.prefetch_factor if dataloader.num_workers > 0 else None
+    loader = lb.data_loader(dataset, num_workers=dataloader.num_workers, prefetch_factor=prefetch,
+                            collate_fn=dataloader.collate_fn, pin_memory=dataloader.pin_memory,
+                            persistent_workers=dataloader.persistent_workers)
+    _scale_backward(accelerator, lb)
+    _step_after(optimizer, lb)
+    accelerator.register_for_checkpointing(lb)
+    return model, optimizer, loader, lb
+
+
+def _scale_backward(accelerator: Any, lb: LoadBalancer) -> None:
+    """accelerator.backward(loss) scales a loss that is the mean over the rank's batch to its share first."""
+    original = accelerator.backward
+
+    def backward(loss: torch.Tensor, **kwargs: Any) -> Any:
+        return original(lb.scale(loss), **kwargs)
+    accelerator.backward = backward
+
+
+def _step_after(optimizer: Any, lb: LoadBalancer) -> None:
+    """optimizer.step() ends the balancer's step too (also when a GradScaler skipped the update)."""
+    original = optimizer.step
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        lb.step()
+        return out
+    optimizer.step = step
