@@ -81,3 +81,20 @@ def test_accelerate_equals_one_process_and_resumes(tmp_path):
 
 if __name__ == "__main__":
     accelerate.debug_launcher(_worker, args=(sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3]))), num_processes=3)
+
+
+def test_example_runs_and_the_slowed_rank_gets_fewer_samples(tmp_path):
+    import re
+    import subprocess
+    src = os.environ.get("LBBSP_SOURCE_DIR") or os.path.join(os.path.dirname(__file__), "..", "..")
+    data_file = tmp_path / "synth.h5"
+    subprocess.run([os.environ.get("LBBSP_BIN", "lbbsp"), "data", "synth", "--samples", "600", "--features", "784",
+                    "--classes", "10", "--seed", "1", "--out", str(data_file)], check=True, capture_output=True)
+    run = subprocess.run([sys.executable, os.path.join(src, "examples", "accelerate_fmnist.py"), "--data",
+                          str(data_file), "--devices", "2", "--epochs", "2", "--batch-size", "30", "--slow",
+                          "1:0.003"], capture_output=True, text=True, timeout=500)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    last = re.findall(r"epoch 1: test accuracy [0-9.]+, batch sizes \[(\d+), (\d+)\]", run.stdout)
+    assert last, run.stdout
+    fast, slow = map(int, last[-1])
+    assert fast + slow == 60 and slow < 0.5 * fast, last

@@ -118,3 +118,17 @@ def test_lightning_slowed_rank_gets_fewer_samples(tmp_path):
     sizes = pickle.load(open(tmp_path / "lightning-0.pkl", "rb"))["sizes"][-1]
     assert sum(sizes) == 64
     assert sizes[2] < 0.5 * min(sizes[0], sizes[1]), sizes
+
+
+def test_example_runs(tmp_path):
+    import subprocess
+    import sys
+    src = os.environ.get("LBBSP_SOURCE_DIR") or os.path.join(os.path.dirname(__file__), "..", "..")
+    data_file = tmp_path / "synth.h5"
+    subprocess.run([os.environ.get("LBBSP_BIN", "lbbsp"), "data", "synth", "--samples", "600", "--features", "784",
+                    "--classes", "10", "--seed", "1", "--out", str(data_file)], check=True, capture_output=True)
+    run = subprocess.run([sys.executable, os.path.join(src, "examples", "lightning_fmnist.py"), "--data",
+                          str(data_file), "--devices", "2", "--epochs", "2", "--batch-size", "30", "--slow",
+                          "1:0.002"], capture_output=True, text=True, timeout=500)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "val_accuracy 0." in run.stdout or "val_accuracy 1." in run.stdout, run.stdout
