@@ -14,7 +14,7 @@ import torch.nn.functional as F
 accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed (python.torch2 installs it)")
 
 import lbbsp.accelerate  # noqa: E402
-from test_torch import data, fixed_metrics, make_model, one_process  # noqa: E402
+from test_torch import data, fixed_metrics, make_model, one_process, synth_images  # noqa: E402
 
 
 def _worker(out, stop, resume):
@@ -88,8 +88,7 @@ def test_example_runs_and_the_slowed_rank_gets_fewer_samples(tmp_path):
     import subprocess
     src = os.environ.get("LBBSP_SOURCE_DIR") or os.path.join(os.path.dirname(__file__), "..", "..")
     data_file = tmp_path / "synth.h5"
-    subprocess.run([os.environ.get("LBBSP_BIN", "lbbsp"), "data", "synth", "--samples", "600", "--features", "784",
-                    "--classes", "10", "--seed", "1", "--out", str(data_file)], check=True, capture_output=True)
+    synth_images(data_file)
     run = subprocess.run([sys.executable, os.path.join(src, "examples", "accelerate_fmnist.py"), "--data",
                           str(data_file), "--devices", "2", "--epochs", "2", "--batch-size", "30", "--slow",
                           "1:0.003"], capture_output=True, text=True, timeout=500)

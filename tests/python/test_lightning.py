@@ -13,7 +13,7 @@ import torch.nn.functional as F
 pl = pytest.importorskip("lightning.pytorch", reason="lightning is not installed (python.torch2 installs it)")
 
 from lbbsp.lightning import LoadBalancedDDP  # noqa: E402
-from test_torch import CLASSES, N, data, fixed_metrics, make_model, one_process  # noqa: E402
+from test_torch import CLASSES, data, fixed_metrics, make_model, one_process, synth_images  # noqa: E402
 
 
 class Net(pl.LightningModule):
@@ -125,8 +125,7 @@ def test_example_runs(tmp_path):
     import sys
     src = os.environ.get("LBBSP_SOURCE_DIR") or os.path.join(os.path.dirname(__file__), "..", "..")
     data_file = tmp_path / "synth.h5"
-    subprocess.run([os.environ.get("LBBSP_BIN", "lbbsp"), "data", "synth", "--samples", "600", "--features", "784",
-                    "--classes", "10", "--seed", "1", "--out", str(data_file)], check=True, capture_output=True)
+    synth_images(data_file)
     run = subprocess.run([sys.executable, os.path.join(src, "examples", "lightning_fmnist.py"), "--data",
                           str(data_file), "--devices", "2", "--epochs", "2", "--batch-size", "30", "--slow",
                           "1:0.002"], capture_output=True, text=True, timeout=500)

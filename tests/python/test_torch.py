@@ -936,14 +936,19 @@ def test_bf16_autocast_and_skipped_steps_agree_on_every_rank(tmp_path):
 # ---- examples/torch_fmnist.py: HDF5 through DataLoader workers, validation, a checkpoint resumed at another size ----
 
 
+def synth_images(path):
+    """A small dataset in the Fashion-MNIST HDF5 layout (600 train images of 28 x 28, 10 classes)."""
+    import subprocess
+    subprocess.run([os.environ.get("LBBSP_BIN", "lbbsp"), "data", "synth", "--samples", "600", "--features", "784",
+                    "--classes", "10", "--seed", "1", "--out", str(path)], check=True, capture_output=True)
+
+
 def test_example_trainer_resumes_at_another_world_size(tmp_path):
     import subprocess
     import sys as _sys
     src = os.environ.get("LBBSP_SOURCE_DIR") or os.path.join(os.path.dirname(__file__), "..", "..")
-    lbbsp_bin = os.environ.get("LBBSP_BIN", "lbbsp")
     data_file, ckpt = tmp_path / "synth.h5", tmp_path / "ck.pt"
-    subprocess.run([lbbsp_bin, "data", "synth", "--samples", "600", "--features", "784", "--classes", "10",
-                    "--seed", "1", "--out", str(data_file)], check=True, capture_output=True)
+    synth_images(data_file)
     example = [_sys.executable, os.path.join(src, "examples", "torch_fmnist.py"), "--data", str(data_file),
                "--global-batch", "60", "--checkpoint", str(ckpt)]
     first = subprocess.run(example + ["--spawn", "3", "--stop-after", "13"], capture_output=True, text=True)
