@@ -33,18 +33,17 @@ def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Opt
             balancer: str = "lbbsp-cpu", predictor: str = "narx", seed: int = 1, min_batch: int = 0,
             timeout_s: float = 300.0, monitor: Optional[Callable[[], Any]] = None) -> Tuple[Any, Any, Any, LoadBalancer]:
     """Prepares (model, optimizer, dataloader) with ``accelerator`` and balances them; returns the prepared model
-    and optimizer, the balanced DataLoader and the LoadBalancer. ``global_batch`` defaults to the DataLoader's
-    ``batch_size`` times the number of processes."""
-    if getattr(accelerator, "gradient_accumulation_steps", 1) != 1:
-        raise ValueError("lbbsp.accelerate.prepare: gradient_accumulation_steps="
-                         f"{accelerator.gradient_accumulation_steps} is not supported yet: use a larger global batch")
+    and optimizer, the balanced DataLoader and the LoadBalancer. ``global_batch`` (samples per optimizer step)
+    defaults to the DataLoader's ``batch_size`` times the number of processes times the accelerator's
+    ``gradient_accumulation_steps``; with accumulation each rank's slice is cut into that many micro-batches, which
+    the loader yields one by one: train them inside ``with accelerator.accumulate(model):`` as usual."""
     if not isinstance(dataloader, torch.utils.data.DataLoader):
         raise TypeError(f"lbbsp.accelerate.prepare: dataloader must be a torch DataLoader (not yet prepared), got "
                         f"{type(dataloader).__name__}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("lbbsp.accelerate.prepare: no process group: launch with `accelerate launch` (or "
                            "torchrun) on more than one process")
-    dataset = dataloader.dataset
+    dataset, accumulate = dataloader.dataset, int(getattr(accelerator, "gradient_accumulation_steps", 1))
     if isinstance(dataset, torch.utils.data.IterableDataset):
         raise TypeError("lbbsp.accelerate.prepare: the dataset is an IterableDataset; the balancer picks each rank's "
                         "samples by index, so it needs a map-style Dataset (__getitem__, __len__)")
@@ -52,36 +51,48 @@ def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Opt
         if dataloader.batch_size is None:
             raise ValueError("lbbsp.accelerate.prepare: the DataLoader has no batch_size (it has a batch_sampler): "
                              "pass global_batch=")
-        global_batch = dataloader.batch_size * accelerator.num_processes
+        global_batch = dataloader.batch_size * accelerator.num_processes * accumulate
     model, optimizer = accelerator.prepare(model, optimizer)
     ddp = model if hasattr(model, "register_comm_hook") else None
     lb = LoadBalancer(ddp, dataset_size=len(dataset), global_batch=global_batch, balancer=balancer,
-                      predictor=predictor, seed=seed, min_batch=min_batch, timeout_s=timeout_s, monitor=monitor)
+                      predictor=predictor, seed=seed, min_batch=min_batch, timeout_s=timeout_s, monitor=monitor,
+                      micro_batches=accumulate)
     prefetch = dataloader.prefetch_factor if dataloader.num_workers > 0 else None
     loader = lb.data_loader(dataset, num_workers=dataloader.num_workers, prefetch_factor=prefetch,
                             collate_fn=dataloader.collate_fn, pin_memory=dataloader.pin_memory,
                             persistent_workers=dataloader.persistent_workers)
     _scale_backward(accelerator, lb)
-    _step_after(optimizer, lb)
+    _step_after(accelerator, optimizer, lb)
     accelerator.register_for_checkpointing(lb)
     return model, optimizer, loader, lb
 
 
 def _scale_backward(accelerator: Any, lb: LoadBalancer) -> None:
-    """accelerator.backward(loss) scales a loss that is the mean over the rank's batch to its share first."""
+    """accelerator.backward(loss) scales a loss that is the mean over the rank's (micro-)batch to its share of the
+    global batch first; Accelerate then divides by gradient_accumulation_steps, which the balancer's weighting by
+    each micro-batch's own size replaces (so it is multiplied back)."""
     original = accelerator.backward
 
     def backward(loss: torch.Tensor, **kwargs: Any) -> Any:
-        return original(lb.scale(loss), **kwargs)
+        scaled = lb.scale(loss) * lb.micro_batches
+        try:
+            return original(scaled, **kwargs)
+        except RuntimeError as e:  # a peer hung past the timeout or died: say which
+            raise lb.collective_failed(e) from e
     accelerator.backward = backward
 
 
-def _step_after(optimizer: Any, lb: LoadBalancer) -> None:
-    """optimizer.step() ends the balancer's step too (also when a GradScaler skipped the update)."""
+def _step_after(accelerator: Any, optimizer: Any, lb: LoadBalancer) -> None:
+    """optimizer.step() ends the balancer's step too (also when a GradScaler skipped the update), on the steps
+    where Accelerate syncs the gradients (every gradient_accumulation_steps-th call inside accumulate()), and logs
+    ``lb.figures()`` with ``accelerator.log`` where trackers are configured (``log_with=``)."""
     original = optimizer.step
 
     def step(*args: Any, **kwargs: Any) -> Any:
         out = original(*args, **kwargs)
-        lb.step()
+        if accelerator.sync_gradients:
+            lb.step()
+            if accelerator.trackers:  # the balancer's figures through Accelerate's own logger
+                accelerator.log(lb.figures(), step=lb.global_step)
         return out
     optimizer.step = step

@@ -40,15 +40,9 @@ class LoadBalancerCallback(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         lb = self.strategy.load_balancer
-        if lb is None:
+        if lb is None or not lb._stepped:
             return
-        sizes = lb.batch_sizes
-        speeds = lb._balancer.predicted_speeds()
-        figures = {"lbbsp/batch_size": float(sizes[lb.rank]), "lbbsp/wait_s": lb.timing["wait_s"],
-                   "lbbsp/step_s": lb.timing["step_s"]}
-        if len(speeds) == lb.world_size:
-            figures["lbbsp/predicted_speed"] = float(speeds[lb.rank])
-        pl_module.log_dict(figures, on_step=True, on_epoch=False, reduce_fx="mean", sync_dist=False)
+        pl_module.log_dict(lb.figures(), on_step=True, on_epoch=False, reduce_fx="mean", sync_dist=False)
 
     def state_dict(self) -> Dict[str, Any]:
         lb = self.strategy.load_balancer
@@ -64,15 +58,16 @@ class LoadBalancedDDP(DDPStrategy):
 
     Args:
         balancer, predictor, seed, min_batch, timeout_s, monitor: as for ``lbbsp.torch.LoadBalancer``.
-        global_batch: samples per step over all ranks; default the training DataLoader's ``batch_size`` times the
-            world size (the equal split's global batch).
+        global_batch: samples per optimizer step over all ranks; default the training DataLoader's ``batch_size``
+            times the world size times ``accumulate_grad_batches`` (what plain DDP steps on).
         **ddp_kwargs: passed to DDPStrategy (``start_method``, ``timeout``, ``find_unused_parameters``...); a
             ``ddp_comm_hook`` is refused: the balancer's SUM hook is the one that keeps the invariant.
 
     What it changes: the training DataLoader (rebuilt with the balancer's sampler; its ``sampler``/``shuffle``
     and Lightning's DistributedSampler are replaced, the last ``len(dataset) % global_batch`` samples of an epoch
     are dropped), the loss before backward (``lb.scale``), the gradient reduction (a SUM). Validation, test and
-    predict loaders are left as Lightning makes them (not balanced). ``accumulate_grad_batches > 1`` is refused.
+    predict loaders are left as Lightning makes them (not balanced). ``accumulate_grad_batches=A`` cuts each
+    rank's slice of a step into A micro-batches (the global batch is still ``global_batch`` per optimizer step).
     """
 
     def __init__(self, balancer: str = "lbbsp-cpu", predictor: str = "narx", global_batch: Optional[int] = None,
@@ -93,9 +88,6 @@ class LoadBalancedDDP(DDPStrategy):
         trainer = self.lightning_module.trainer
         if not any(isinstance(c, LoadBalancerCallback) for c in trainer.callbacks):
             trainer.callbacks.append(LoadBalancerCallback(self))  # before Lightning restores callbacks' state
-        if trainer.accumulate_grad_batches != 1:
-            raise ValueError(f"LoadBalancedDDP: accumulate_grad_batches={trainer.accumulate_grad_batches} is not "
-                             "supported yet: use a larger global_batch (each rank's slice is one batch)")
 
     def process_dataloader(self, dataloader: object) -> object:
         dataloader = super().process_dataloader(dataloader)
@@ -105,7 +97,7 @@ class LoadBalancedDDP(DDPStrategy):
         return self._balanced(dataloader)
 
     def _balanced(self, dataloader: torch.utils.data.DataLoader) -> torch.utils.data.DataLoader:
-        dataset = dataloader.dataset
+        dataset, trainer = dataloader.dataset, self.lightning_module.trainer
         if isinstance(dataset, torch.utils.data.IterableDataset):
             raise TypeError("LoadBalancedDDP: the training dataset is an IterableDataset; the balancer picks each "
                             "rank's samples by index, so it needs a map-style Dataset (__getitem__, __len__)")
@@ -114,10 +106,11 @@ class LoadBalancedDDP(DDPStrategy):
             if dataloader.batch_size is None:
                 raise ValueError("LoadBalancedDDP: the training DataLoader has no batch_size (it has a "
                                  "batch_sampler): pass LoadBalancedDDP(global_batch=...)")
-            global_batch = dataloader.batch_size * self.world_size
+            global_batch = dataloader.batch_size * self.world_size * trainer.accumulate_grad_batches
         if self.load_balancer is None:
             self.load_balancer = LoadBalancer(self.model, dataset_size=len(dataset), global_batch=global_batch,
-                                              **self._lb_args)
+                                              micro_batches=trainer.accumulate_grad_batches, **self._lb_args)
+        self._check_accumulation()
         if self._pending_state is not None:
             self.load_balancer.load_state_dict(self._pending_state)
             self._pending_state = None
@@ -132,13 +125,28 @@ class LoadBalancedDDP(DDPStrategy):
         loader.batch_sampler.whole_epoch_len = True
         return loader
 
+    def _check_accumulation(self) -> None:
+        accumulate = self.lightning_module.trainer.accumulate_grad_batches
+        if self.load_balancer is not None and accumulate != self.load_balancer.micro_batches:
+            raise ValueError(f"LoadBalancedDDP: accumulate_grad_batches changed from "
+                             f"{self.load_balancer.micro_batches} to {accumulate} (a GradientAccumulationScheduler?): "
+                             "the balancer cuts each step into a fixed number of micro-batches; keep it constant")
+
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         lb = self.load_balancer
         if lb is not None and self.lightning_module.trainer.training:
-            closure_loss = lb.scale(closure_loss)  # the mean over this rank's batch -> its share of the step's
-        return super().backward(closure_loss, optimizer, *args, **kwargs)
+            # Lightning divided the micro-batch's mean loss by accumulate_grad_batches; the balancer weights each
+            # micro-batch by its own size instead: its share of the step's global batch.
+            closure_loss = lb.scale(closure_loss * lb.micro_batches)
+        try:
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+        except RuntimeError as e:  # a peer hung past the timeout or died: say which
+            if lb is None:
+                raise
+            raise lb.collective_failed(e) from e
 
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
+        self._check_accumulation()
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
         if self.load_balancer is not None:
             self.load_balancer.step()

@@ -17,23 +17,52 @@ import lbbsp.accelerate  # noqa: E402
 from test_torch import data, fixed_metrics, make_model, one_process, synth_images  # noqa: E402
 
 
+class Recorder:
+    """An Accelerate tracker that keeps what accelerator.log sends it (in a file per rank)."""
+
+    def __new__(cls, out):
+        class _Recorder(accelerate.tracking.GeneralTracker):
+            name, requires_logging_directory, main_process_only = "recorder", False, False
+
+            def __init__(self):
+                super().__init__()
+                self.out, self.logged = out, []
+
+            @property
+            def tracker(self):
+                return self
+
+            def store_init_configuration(self, values):
+                pass
+
+            def log(self, values, step=None, **kwargs):
+                self.logged.append((step, dict(values)))
+        return _Recorder()
+
+
 def _worker(out, stop, resume):
-    acc = accelerate.Accelerator(cpu=True)
+    """gradient_accumulation_steps=2 with a DataLoader of 4 per rank: global batch 3 x 4 x 2 = 24."""
+    recorder = Recorder(out)
+    acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2, log_with=[recorder])
+    acc.init_trackers("lbbsp")
     net = make_model()
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     x, y = data()
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, shuffle=True)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4, shuffle=True)
     model, opt, loader, lb = lbbsp.accelerate.prepare(acc, net, opt, loader, balancer="random:5", seed=3,
                                                       monitor=fixed_metrics)
     if resume:
         acc.load_state(os.path.join(out, "state"))
-    sizes = []
+    sizes, micro = [], []
     for epoch in range(lb.epoch, 2):
         for xb, yb in loader:
-            sizes.append(lb.batch_sizes.tolist())
-            acc.backward(F.cross_entropy(model(xb), yb))  # the usual mean loss
-            opt.step()
-            opt.zero_grad()
+            with acc.accumulate(model):
+                if len(micro) % 2 == 0:
+                    sizes.append(lb.batch_sizes.tolist())
+                micro.append(len(yb))
+                acc.backward(F.cross_entropy(model(xb), yb))  # the usual mean loss
+                opt.step()
+                opt.zero_grad()
             if lb.global_step == stop:
                 break
         if lb.global_step == stop:
@@ -42,28 +71,94 @@ def _worker(out, stop, resume):
         acc.save_state(os.path.join(out, "state"))
     rank = acc.process_index
     params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
-    pickle.dump({"params": params, "sizes": sizes}, open(os.path.join(out, f"acc-{rank}-{int(resume)}.pkl"), "wb"))
+    pickle.dump({"params": params, "sizes": sizes, "micro": micro, "logged": recorder.logged},
+                open(os.path.join(out, f"acc-{rank}-{int(resume)}.pkl"), "wb"))
     acc.wait_for_everyone()
     sys.stdout.flush()
     os._exit(0)  # no interpreter shutdown: PyTorch issue 117762 (see test_torch.finish)
 
 
-def _launch(out, stop=-1, resume=False):
-    """Accelerate's Python launcher (3 forked CPU processes), from a fresh interpreter: forked from pytest's
-    process the workers hang."""
+def _hang_worker(out):
+    """Rank 2 hangs before its backward at step 3; the process group times out after 8 s."""
+    import datetime
+    import time
+    kw = accelerate.utils.InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=8))
+    acc = accelerate.Accelerator(cpu=True, kwargs_handlers=[kw])
+    net = make_model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    x, y = data()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    model, opt, loader, lb = lbbsp.accelerate.prepare(acc, net, opt, loader, balancer="lbbsp-cpu",
+                                                      predictor="ema", monitor=fixed_metrics)
+    for xb, yb in loader:
+        if acc.process_index == 2 and lb.global_step == 3:
+            time.sleep(600)
+        acc.backward(F.cross_entropy(model(xb), yb))
+        opt.step()
+        opt.zero_grad()
+    os._exit(0)
+
+
+def _bf16_worker(out):
+    """A float32 model on a learnable target under mixed_precision="bf16" (autocast on the CPU)."""
+    acc = accelerate.Accelerator(cpu=True, mixed_precision="bf16")
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    x = data()[0].float()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x[:, :4].argmax(1)), batch_size=8)
+    model, opt, loader, lb = lbbsp.accelerate.prepare(acc, net, opt, loader, balancer="random:5", seed=3,
+                                                      monitor=fixed_metrics)
+    sizes, losses, dtypes = [], [], set()
+    net[0].register_forward_hook(lambda m, i, o: dtypes.add(str(o.dtype)))  # Accelerate returns outputs in fp32
+    for epoch in range(3):
+        for xb, yb in loader:
+            sizes.append(lb.batch_sizes.tolist())
+            loss = F.cross_entropy(model(xb), yb)
+            losses.append(float(loss))
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+    pickle.dump({"sizes": sizes, "losses": losses, "dtypes": dtypes}, open(os.path.join(out, f"bf16-{acc.process_index}.pkl"), "wb"))
+    acc.wait_for_everyone()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def _run(*args, cli=False):
+    """3 CPU processes from a fresh interpreter (forked from pytest's process the workers hang): Accelerate's
+    Python launcher, or with cli=True torchrun (how Accelerate runs several CPU processes without MPI; unlike the
+    Python launcher it lets the Accelerator make the process group, so its InitProcessGroupKwargs apply)."""
+    import socket
     import subprocess
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, __file__, str(out), str(stop), str(int(resume))], env=env,
-                         capture_output=True, text=True, timeout=500)
+    cmd = [sys.executable, __file__]
+    if cli:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--master_port", str(port),
+               __file__]
+    return subprocess.run(cmd + list(map(str, args)), env=env, capture_output=True, text=True, timeout=500)
+
+
+def _launch(out, stop=-1, resume=False):
+    run = _run("exact", out, stop, int(resume))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return [pickle.load(open(out / f"acc-{r}-{int(resume)}.pkl", "rb")) for r in range(3)]
 
 
-def test_accelerate_equals_one_process_and_resumes(tmp_path):
+def test_accelerate_with_gradient_accumulation_equals_one_process_and_resumes(tmp_path):
     (tmp_path / "full").mkdir()
     full = _launch(tmp_path / "full")
     sizes = np.array(full[0]["sizes"])
     assert sizes.shape == (20, 3) and (sizes.sum(axis=1) == 24).all(), sizes
+    micro = np.array([g["micro"] for g in full])
+    assert micro.shape == (3, 40) and (micro[:, ::2] + micro[:, 1::2] == sizes.T).all(), micro
+    logged = full[0]["logged"]  # accelerator.log runs on the main process
+    assert [step for step, _ in logged] == list(range(1, 21)), logged
+    assert all(v["lbbsp/batch_size"] == sizes[k, 0] for k, (_, v) in enumerate(logged)), (logged, sizes[:, 0])
+    assert {"lbbsp/wait_s", "lbbsp/step_s"} <= set(logged[-1][1]), logged[-1]
     assert all(g["sizes"] == full[0]["sizes"] for g in full), "the ranks disagree on the sizes"
     assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
     ref = one_process(20, 24, mean=True)
@@ -79,8 +174,32 @@ def test_accelerate_equals_one_process_and_resumes(tmp_path):
         assert rel < 1e-10, f"rank {r} after the resume: relative difference {rel:.3g} from one process"
 
 
+def test_accelerate_hung_rank_ends_the_job_naming_it(tmp_path):
+    run = _run("hang", tmp_path, cli=True)
+    assert run.returncode != 0, run.stdout[-2000:]
+    assert "LoadBalancer: step 3: the gradient allreduce failed" in run.stderr, run.stderr[-4000:]
+    assert "not answering: rank 2 (" in run.stderr, run.stderr[-4000:]
+
+
+def test_accelerate_bf16_agrees_on_every_rank_and_learns(tmp_path):
+    run = _run("bf16", tmp_path, cli=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    got = [pickle.load(open(tmp_path / f"bf16-{r}.pkl", "rb")) for r in range(3)]
+    assert all(g["dtypes"] == {"torch.bfloat16"} for g in got), [g["dtypes"] for g in got]  # under autocast
+    assert all(len(g["sizes"]) == 30 and g["sizes"] == got[0]["sizes"] for g in got), "the ranks' sizes differ"
+    losses = [np.nanmean([g["losses"][i] for g in got]) for i in range(30)]  # a 0-sample rank's mean is NaN
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
+
+
 if __name__ == "__main__":
-    accelerate.debug_launcher(_worker, args=(sys.argv[1], int(sys.argv[2]), bool(int(sys.argv[3]))), num_processes=3)
+    mode, args = sys.argv[1], sys.argv[2:]
+    if "LOCAL_RANK" in os.environ:  # started by torchrun: this process is one rank
+        {"hang": _hang_worker, "bf16": _bf16_worker}[mode](args[0])
+    elif mode == "exact":
+        accelerate.debug_launcher(_worker, args=(args[0], int(args[1]), bool(int(args[2]))), num_processes=3)
+    else:
+        accelerate.debug_launcher({"hang": _hang_worker, "bf16": _bf16_worker}[mode], args=(args[0],),
+                                  num_processes=3)
 
 
 def test_example_runs_and_the_slowed_rank_gets_fewer_samples(tmp_path):

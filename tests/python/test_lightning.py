@@ -17,6 +17,8 @@ from test_torch import CLASSES, data, fixed_metrics, make_model, one_process, sy
 
 
 class Net(pl.LightningModule):
+    batch_size = 8
+
     def __init__(self, out):
         super().__init__()
         self.net, self.out, self.sizes = make_model(), out, []
@@ -33,7 +35,8 @@ class Net(pl.LightningModule):
 
     def train_dataloader(self):
         x, y = data()
-        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, shuffle=True)
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=self.batch_size,
+                                           shuffle=True)
 
     def on_train_end(self):
         rank = self.trainer.global_rank
@@ -43,15 +46,32 @@ class Net(pl.LightningModule):
                     open(os.path.join(self.out, f"lightning-{rank}.pkl"), "wb"))
 
 
-def test_lightning_equals_one_process(tmp_path):
+class MicroNet(Net):
+    """Net with a DataLoader of 4 per rank under accumulate_grad_batches=2: global batch 3 x 4 x 2 = 24; each
+    rank's slice of a step comes as 2 micro-batches."""
+    batch_size = 4
+
+    def training_step(self, batch, batch_idx):
+        self.micro = getattr(self, "micro", []) + [len(batch[1])]
+        return super().training_step(batch, batch_idx)
+
+    def on_train_end(self):
+        super().on_train_end()
+        pickle.dump(self.micro, open(os.path.join(self.out, f"micro-{self.trainer.global_rank}.pkl"), "wb"))
+
+
+def test_lightning_with_gradient_accumulation_equals_one_process(tmp_path):
     strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method="spawn")
     trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=2, precision="64-true",
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0)
-    trainer.fit(Net(str(tmp_path)))
+                         accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(MicroNet(str(tmp_path)))
     got = [pickle.load(open(tmp_path / f"lightning-{r}.pkl", "rb")) for r in range(3)]
-    sizes = np.array(got[0]["sizes"])
-    assert sizes.shape == (20, 3) and (sizes.sum(axis=1) == 24).all(), sizes  # 240 samples, 3 x 8: 10 per epoch
+    micro = np.array([pickle.load(open(tmp_path / f"micro-{r}.pkl", "rb")) for r in range(3)])
+    assert micro.shape == (3, 40), micro.shape  # 20 steps x 2 micro-batches
+    sizes = np.array(got[0]["sizes"])[::2]  # recorded at every micro-batch
+    assert (micro[:, ::2] + micro[:, 1::2] == sizes.T).all(), (micro, sizes)
+    assert sizes.shape == (20, 3) and (sizes.sum(axis=1) == 24).all(), sizes  # 240 samples: 10 steps per epoch
     assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
     assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
     assert "lbbsp/batch_size" in got[0]["logged"], got[0]["logged"]
@@ -59,6 +79,71 @@ def test_lightning_equals_one_process(tmp_path):
     for r, g in enumerate(got):
         rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
         assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
+
+
+class HangNet(Net):
+    """Net whose rank 2 hangs in training_step at step 3 (past every timeout; the launcher ends it)."""
+
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_rank == 2 and batch_idx == 3:
+            import time
+            time.sleep(600)
+        return super().training_step(batch, batch_idx)
+
+
+def test_lightning_hung_rank_ends_the_job_naming_it(tmp_path):
+    import datetime
+    strategy = LoadBalancedDDP(balancer="lbbsp-cpu", predictor="ema", monitor=fixed_metrics, start_method="spawn",
+                               timeout=datetime.timedelta(seconds=8))
+    trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=1, precision="64-true",
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    with pytest.raises(Exception) as caught:
+        trainer.fit(HangNet(str(tmp_path)))
+    text = str(caught.value)
+    assert "LoadBalancer: step 3: the gradient allreduce failed" in text, text[-3000:]
+    assert "not answering: rank 2 (" in text, text[-3000:]
+
+
+class Bf16Net(Net):
+    """A float32 model on a learnable target under precision="bf16-mixed" (autocast on the CPU)."""
+
+    def __init__(self, out):
+        super().__init__(out)
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES))
+        self.losses = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        out = self.net(x)
+        self.dtypes = getattr(self, "dtypes", set()) | {str(out.dtype)}
+        loss = F.cross_entropy(out, y)
+        self.losses.append(float(loss))
+        return loss
+
+    def train_dataloader(self):
+        x, _ = data()
+        x = x.float()
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x[:, :CLASSES].argmax(1)),
+                                           batch_size=8, shuffle=True)
+
+    def on_train_end(self):
+        pickle.dump({"sizes": self.sizes, "losses": self.losses, "dtypes": self.dtypes},
+                    open(os.path.join(self.out, f"bf16-{self.trainer.global_rank}.pkl"), "wb"))
+
+
+def test_lightning_bf16_mixed_agrees_on_every_rank_and_learns(tmp_path):
+    strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method="spawn")
+    trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=3, precision="bf16-mixed",
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(Bf16Net(str(tmp_path)))
+    got = [pickle.load(open(tmp_path / f"bf16-{r}.pkl", "rb")) for r in range(3)]
+    assert all(g["dtypes"] == {"torch.bfloat16"} for g in got), [g["dtypes"] for g in got]  # under autocast
+    assert all(len(g["sizes"]) == 30 and g["sizes"] == got[0]["sizes"] for g in got), "the ranks' sizes differ"
+    losses = [np.nanmean([g["losses"][i] for g in got]) for i in range(30)]  # a 0-sample rank's mean is NaN
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
 
 
 def test_lightning_refuses_what_breaks_the_invariant():

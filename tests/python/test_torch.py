@@ -5,6 +5,7 @@ fewer samples, resume from state_dict, DataLoader with workers and lag, the unsc
 an exception on one rank ending all with it named, a hung rank named by the others' timeout, init_from_env's
 timeout, and a portable extension."""
 
+import contextlib
 import datetime
 import gc
 import itertools
@@ -317,8 +318,9 @@ def test_hung_rank_is_named_and_others_stop(tmp_path):
         msg, took = pickle.load(open(tmp_path / f"hang-{r}.pkl", "rb"))
         assert msg.startswith("LoadBalancer: step 3"), msg
         assert took < 60, f"rank {r} took {took:.0f} s"
-    msg0 = pickle.load(open(tmp_path / "hang-0.pkl", "rb"))[0]
-    assert "2" in msg0.split("not answering:")[-1], msg0
+    for r in range(2):  # every rank that answers hears the same verdict
+        msg = pickle.load(open(tmp_path / f"hang-{r}.pkl", "rb"))[0]
+        assert "not answering: rank 2 (" in msg, msg
 
 
 # ---- BatchNorm: a warning once when plain BatchNorm meets uneven sizes ----
@@ -887,6 +889,59 @@ def _accumulate_worker(rank, world, store, out, steps):
 def test_gradient_accumulation_with_no_sync_equals_one_process(tmp_path):
     spawn(_accumulate_worker, 3, tmp_path, 20)
     assert_equal_to_one_process(one_process(20, 24, mean=True), [tmp_path / f"acc-{r}.npy" for r in range(3)])
+
+
+def _micro_worker(rank, world, store, out, steps):
+    init(rank, world, store)
+    x, y = data()
+    model = DDP(make_model())
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=3, monitor=fixed_metrics,
+                      micro_batches=3)
+    loader = lb.data_loader(torch.utils.data.TensorDataset(x, y))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    seen = []
+    for epoch in range(2):
+        for i, (xb, yb) in enumerate(loader):
+            seen.append(len(yb))
+            last = i % lb.micro_batches == lb.micro_batches - 1
+            with contextlib.nullcontext() if last else model.no_sync():
+                lb.scale(F.cross_entropy(model(xb), yb)).backward()  # the micro-batch's mean, weighted by its size
+            if last:
+                opt.step()
+                opt.zero_grad()
+                lb.step()
+    wrong = None
+    try:  # a step whose scale() calls do not match micro_batches ends with an error on every rank
+        xb, yb = x[:2], y[:2]
+        with model.no_sync():
+            lb.scale(F.cross_entropy(model(xb), yb)).backward()
+        lb.step()
+    except RuntimeError as e:
+        wrong = str(e)
+    np.save(os.path.join(out, f"micro-{rank}.npy"), torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy())
+    pickle.dump((seen, wrong), open(os.path.join(out, f"micro-{rank}.pkl"), "wb"))
+    finish()
+
+
+def test_micro_batches_from_the_sampler_equal_one_process(tmp_path):
+    spawn(_micro_worker, 3, tmp_path, 20)
+    assert_equal_to_one_process(one_process(20, 24, mean=True), [tmp_path / f"micro-{r}.npy" for r in range(3)])
+    got = [pickle.load(open(tmp_path / f"micro-{r}.pkl", "rb")) for r in range(3)]
+    assert all(len(seen) == 60 for seen, _ in got), [len(seen) for seen, _ in got]  # 20 steps x 3 micro-batches
+    totals = np.add.reduceat(np.array([seen for seen, _ in got]), np.arange(0, 60, 3), axis=1).sum(axis=0)
+    assert (totals == 24).all(), totals
+    for r, (_, wrong) in enumerate(got):
+        assert wrong is not None and "called 1 times for micro_batches=3" in wrong, (r, wrong)
+        assert "rank 0" in wrong or "ranks 0" in wrong, (r, wrong)
+
+
+def test_micro_sizes_and_the_lag_a_loader_needs():
+    from lbbsp.torch import required_lag
+    assert required_lag(2, 2, micro_batches=1) == 4
+    assert required_lag(2, 2, micro_batches=3) == 2  # 4 micro-batches ahead are 2 steps at most
+    assert required_lag(0, micro_batches=3) == 0
+    with pytest.raises(ValueError, match="micro_batches"):
+        required_lag(2, micro_batches=0)
 
 
 # ---- bf16 autocast with GradScaler-style skipping of non-finite steps: the same on every rank ----

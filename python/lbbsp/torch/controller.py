@@ -37,7 +37,7 @@ class LoadBalancer:
         balancer, predictor, seed, min_batch: as for ``lbbsp train`` (``bsp``, ``static[:K]``, ``random:SEED``,
             ``lbbsp-cpu``, ``lbbsp-gpu``, ``lbbsp-gpu-model``; predictors ``narx``, ``arima``, ``ema``, ``last``).
         lag: 0 decides step k+1's sizes after step k; L > 0 decides step k+L+1's (a DataLoader with workers
-            needs ``lag >= required_lag(num_workers, prefetch_factor)``). None (default): 0, raised by
+            needs ``lag >= required_lag(num_workers, prefetch_factor, micro_batches)``). None (default): 0, raised by
             ``data_loader()`` to what its DataLoader needs when it is built before the first step.
         process_group: the data-parallel group to balance over (default: the whole world). With subgroups
             every process of the world builds its LoadBalancer at the same point, each with its own group
@@ -49,6 +49,11 @@ class LoadBalancer:
         check_loss: warn (once) when a backward pass reaches the gradient allreduce in a step in which
             ``scale()`` was not called: an unscaled mean loss gives wrong gradients. False if the loss is
             already scaled by hand (a sum over the rank's samples divided by ``global_batch``).
+        micro_batches: gradient accumulation: each step's slice of this rank is cut into this many micro-batches
+            (``micro_sizes()``, sizes differing by at most one, some possibly empty), which the batch sampler
+            yields one by one; ``scale()`` called once per micro-batch weights each by its own size, and a step
+            whose ``scale()`` calls do not match ends with an error on every rank (with check_loss). Use
+            ``model.no_sync()`` for all but the last micro-batch of a step.
 
     Loss: the gradients are SUMMED over ranks, so each rank's loss must be its share of the global batch's loss.
     ``loss = lb.scale(loss)`` does that for a loss that is the mean over this rank's samples (PyTorch's default
@@ -61,7 +66,8 @@ class LoadBalancer:
     def __init__(self, model: Optional[torch.nn.Module], dataset_size: int, global_batch: int,
                  balancer: str = "lbbsp-cpu", predictor: str = "narx", seed: int = 1, min_batch: int = 0,
                  lag: Optional[int] = None, process_group: Optional[dist.ProcessGroup] = None, timeout_s: float = 300.0,
-                 monitor: Optional[Callable[[], List[float]]] = None, check_loss: bool = True) -> None:
+                 monitor: Optional[Callable[[], List[float]]] = None, check_loss: bool = True,
+                 micro_batches: int = 1) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("LoadBalancer: call torch.distributed.init_process_group() first")
         self.dataset_size = _positive_int(dataset_size, "dataset_size")
@@ -88,6 +94,7 @@ class LoadBalancer:
         self._exchange = ReportExchange(self._ranks, self.rank, self.timeout_s)
         self.steps_per_epoch = lbbsp.steps_per_epoch(self.dataset_size, self.global_batch)
         self._sizes: Dict[int, np.ndarray] = {k: self._balancer.initial() for k in range(self.lag + 1)}
+        self._done_sizes = self._sizes[0]  # the batch vector of the last step closed (figures())
         self._step = 0  # global step (over epochs) that the next step() closes
         self._decided = -1  # the last step whose reports were decided from
         self._stepped = False  # step() called since construction (or the last load_state_dict)
@@ -99,6 +106,8 @@ class LoadBalancer:
         if not isinstance(check_loss, bool):
             raise TypeError(f"LoadBalancer: check_loss must be True or False, got {check_loss!r}")
         self._check_loss, self._warned_loss, self._scaled_step = check_loss, False, -1
+        self.micro_batches = _positive_int(micro_batches, "micro_batches", 1)
+        self._micro = 0  # scale() calls in the current step (the micro-batch the next one is for)
         self._bytes_per_sample, self._max_batch = 0.0, 0
         # Seconds this rank spent in step() ("step_s"), blocked there waiting for reports ("wait_s") and
         # deciding ("decide_s", the same work on every rank).
@@ -148,6 +157,16 @@ class LoadBalancer:
         epoch, step = divmod(global_step, self.steps_per_epoch)
         return f"epoch {epoch}, step {step}"
 
+    def figures(self) -> Dict[str, float]:
+        """What a framework logs after a step: this rank's batch size in the step just done, its predicted speed
+        (samples/s, where the balancer predicts), and the seconds so far blocked on reports and spent in step()."""
+        out = {"lbbsp/batch_size": float(self._done_sizes[self.rank]), "lbbsp/wait_s": self.timing["wait_s"],
+               "lbbsp/step_s": self.timing["step_s"]}
+        speeds = self._balancer.predicted_speeds()
+        if len(speeds) == self.world_size:
+            out["lbbsp/predicted_speed"] = float(speeds[self.rank])
+        return out
+
     def sizes_at(self, global_step: int) -> np.ndarray:
         """Batch vector of a global step that is already decided (up to ``global_step + lag``)."""
         if global_step not in self._sizes and global_step > self._step:
@@ -173,6 +192,18 @@ class LoadBalancer:
             self._perm, self._perm_epoch = lbbsp.epoch_permutation(self.dataset_size, self.seed, epoch), epoch
         return self._perm
 
+    def micro_sizes(self, global_step: Optional[int] = None) -> List[int]:
+        """This rank's micro-batch sizes at a step (default the current one): its batch cut into
+        ``micro_batches`` parts, the first ones larger by one where it does not divide."""
+        n = int(self.sizes_at(self._step if global_step is None else global_step)[self.rank])
+        q, r = divmod(n, self.micro_batches)
+        return [q + 1] * r + [q] * (self.micro_batches - r)
+
+    def micro_indices(self, epoch: int, step: int) -> List[np.ndarray]:
+        """This rank's sample indices of ``step`` of ``epoch`` cut into ``micro_batches`` micro-batches."""
+        idx = self.indices(epoch, step)
+        return np.split(idx, np.cumsum(self.micro_sizes(epoch * self.steps_per_epoch + step))[:-1])
+
     def indices(self, epoch: int, step: int) -> np.ndarray:
         """This rank's sample indices (int64, possibly empty) for ``step`` of ``epoch``."""
         step = _positive_int(step, "step", 0)
@@ -190,7 +221,8 @@ class LoadBalancer:
         """This rank's share of the global batch's loss, for the SUM of gradients over ranks.
 
         ``reduction="mean"`` (PyTorch's default): ``loss`` is the mean over this rank's samples of the step
-        (``count`` of them if given, e.g. one micro-batch; default this rank's batch size) and is multiplied by
+        (``count`` of them if given; default this rank's batch size, or with ``micro_batches`` > 1 the size of
+        the micro-batch this call is for: the i-th call of a step is for micro-batch i) and is multiplied by
         count / global_batch; with 0 samples (a mean of nothing, NaN) the result is 0 with a zero gradient.
         ``reduction="sum"``: ``loss`` is the sum over the rank's samples and is divided by global_batch.
         Terms that depend on parameters only (an L2 penalty) belong inside: ``lb.scale(mean_loss + l2)`` weights
@@ -201,8 +233,17 @@ class LoadBalancer:
                              f"{' of shape ' + str(tuple(loss.shape)) if isinstance(loss, torch.Tensor) else ''}")
         if reduction not in ("mean", "sum"):
             raise ValueError(f"LoadBalancer.scale: reduction must be 'mean' or 'sum', got {reduction!r}")
-        n = int(self._sizes[self._step][self.rank]) if count is None else _positive_int(count, "count", 0)
+        if self.micro_batches > 1 and self._micro >= self.micro_batches:
+            raise RuntimeError(f"LoadBalancer.scale: step {self._step}: called more than micro_batches="
+                               f"{self.micro_batches} times; call it once per micro-batch, then lb.step()")
+        if count is not None:
+            n = _positive_int(count, "count", 0)
+        elif self.micro_batches > 1:
+            n = self.micro_sizes()[self._micro]
+        else:
+            n = int(self._sizes[self._step][self.rank])
         self._scaled_step = self._step
+        self._micro += 1
         if reduction == "sum":
             return loss / self.global_batch
         if n == 0:
@@ -241,6 +282,13 @@ class LoadBalancer:
                                "the gradients, when the last bucket was ready): call record_compute before "
                                "backward()")
         self._recorded_s = (self._recorded_s or 0.0) + float(seconds)
+
+    def collective_failed(self, error: BaseException, what: str = "the gradient allreduce") -> RuntimeError:
+        """The error to raise when a collective of the step failed (a peer hung past the process group's timeout
+        or died): names the ranks that do not answer a health check. Frameworks' backward wrappers use it."""
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return RuntimeError(f"LoadBalancer: step {self._step}: {what} failed on rank {self.rank}: "
+                            f"{self._exchange.missing_ranks(self._step)}; {first}")
 
     # ---- measurement: a window from leaving one barrier to reaching the next, less its waits ----
     # With a DDP model on the CPU the barrier is the gradient allreduce: the window of step k runs from the
@@ -308,6 +356,10 @@ class LoadBalancer:
         n = float(self._sizes[k][self.rank])
         self._report_error = None
         try:
+            if self.micro_batches > 1 and self._check_loss and self._micro != self.micro_batches:
+                raise RuntimeError(f"step {k}: lb.scale() was called {self._micro} times for micro_batches="
+                                   f"{self.micro_batches}: each micro-batch's loss needs it once, else the "
+                                   "gradients are weighted wrong")
             compute = self._recorded_s if self._recorded_s is not None else self._window_s(now)
             report = [n, compute, *self._metrics(), float(self._mem_cap()), 0.0, checksum(self._sizes[k])]
         except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
@@ -331,7 +383,7 @@ class LoadBalancer:
             self._send_report(k, t0)
         self._decide_through(k - self.lag, block=True)  # step k+1's sizes
         self._decide_through(k, block=False)
-        self._step, self._stepped = k + 1, True
+        self._step, self._stepped, self._micro, self._done_sizes = k + 1, True, 0, self._sizes[k]
         for g in [g for g in self._sizes if g <= min(k, self._decided)]:
             del self._sizes[g]  # decided from and past; undecided steps keep theirs to check their reports
         if from_step:
@@ -419,7 +471,7 @@ class LoadBalancer:
         for g in range(step, step + self.lag + 1):
             last = saved.get(g, last)
             sizes[g] = last
-        self._sizes, self._step, self._decided, self._stepped = sizes, step, step - 1, False
+        self._sizes, self._step, self._decided, self._stepped, self._micro = sizes, step, step - 1, False, 0
         self._restart_clock()
 
     # ---- DataLoader ----
@@ -437,14 +489,15 @@ class LoadBalancer:
         over epochs (also with ``persistent_workers=True``); ``collate_fn`` (default PyTorch's) wrapped in
         ``AllowEmpty`` so a rank given 0 samples gets an empty batch. Raises ValueError when the loader would
         read further ahead than ``lag`` decides (``lag < required_lag(num_workers, prefetch_factor)``)."""
-        need = required_lag(num_workers, prefetch_factor)
+        need = required_lag(num_workers, prefetch_factor, self.micro_batches)
         if need > self.lag and self._auto_lag and not self._stepped and not self._exchange.launched(self._step):
             self._raise_lag(need)
         if need > self.lag:
             raise ValueError(f"LoadBalancer.data_loader: a DataLoader with num_workers={num_workers} and "
                              f"prefetch_factor={2 if prefetch_factor is None else prefetch_factor} reads {need} "
                              f"batches ahead, but this LoadBalancer decides lag={self.lag} steps ahead: construct "
-                             f"it with lag={need} (lbbsp.torch.required_lag({num_workers}, {prefetch_factor})) or "
+                             f"it with lag={need} (lbbsp.torch.required_lag({num_workers}, {prefetch_factor}, "
+                             f"{self.micro_batches})) or "
                              "read fewer batches ahead")
         for owned in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
             if owned in kwargs:

@@ -32,7 +32,7 @@ def group_ranks(group: Optional[dist.ProcessGroup]) -> List[int]:
 
 
 def control_groups(ranks: List[int], timeout: datetime.timedelta) -> Tuple[dist.ProcessGroup, ...]:
-    """Three gloo groups over ``ranks`` (reports, error messages, health checks). PyTorch wants every process to
+    """Two gloo groups over ``ranks`` (reports, error messages). PyTorch wants every process to
     enter every new_group in the same order, so with data-parallel subgroups each process learns all of them
     (all_gather_object over the world) and enters the new_group of each one, keeping its own."""
     world = dist.get_world_size()
@@ -51,7 +51,7 @@ def control_groups(ranks: List[int], timeout: datetime.timedelta) -> Tuple[dist.
                 seen[r] = g
     mine: Tuple[dist.ProcessGroup, ...] = ()
     for g in layout:
-        made = tuple(dist.new_group(ranks=list(g), backend="gloo", timeout=timeout) for _ in range(3))
+        made = tuple(dist.new_group(ranks=list(g), backend="gloo", timeout=timeout) for _ in range(2))
         if tuple(ranks) == tuple(g):
             mine = made
     return mine
@@ -75,12 +75,13 @@ class ReportExchange:
     def __init__(self, ranks: List[int], rank: int, timeout_s: float) -> None:
         self.ranks, self.rank, self.world = ranks, rank, len(ranks)
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.group, self.errors, self.health = control_groups(ranks, self.timeout)
+        self.group, self.errors = control_groups(ranks, self.timeout)
         self._flight: Dict[int, Tuple[dist.Work, List[torch.Tensor]]] = {}
         # Taken collectives stay referenced a few steps: the gloo thread may still be finishing one after wait()
         # returned, and must not drop the last reference to its tensors (that needs the GIL).
         self._retired: collections.deque = collections.deque(maxlen=4)
         self.waited_s = 0.0  # seconds spent blocked in take(), since the owner last cleared it
+        self.broken = False  # a collective failed: reports still in flight will not arrive
         _LIVE.add(self)
 
     def launch(self, step: int, report: torch.Tensor) -> None:
@@ -102,13 +103,16 @@ class ReportExchange:
             work.wait(self.timeout)
         except RuntimeError as e:
             raise RuntimeError(f"LoadBalancer: step {step}: exchanging reports failed on rank {self.rank}: "
-                               f"{self._missing_ranks()}; {str(e).splitlines()[0]}") from None
+                               f"{self.missing_ranks(step)}; {str(e).splitlines()[0]}") from None
         finally:
             self.waited_s += time.perf_counter() - t0
         return torch.stack(out).numpy()
 
     def drain(self, quiet: bool = False) -> None:
-        """Waits for the reports still in flight and forgets them (quiet: whatever happens to them)."""
+        """Waits for the reports still in flight and forgets them (quiet: whatever happens to them; none after
+        a failure: they would only time out)."""
+        if self.broken and quiet:
+            return
         for step in sorted(self._flight):
             try:
                 self.take(step)
@@ -129,16 +133,32 @@ class ReportExchange:
         raise RuntimeError(f"LoadBalancer: step {step}: {who} failed in its report: rank {src}: {message[0]}"
                            f"{where}") from error
 
-    def _missing_ranks(self) -> str:
-        """Which ranks do not answer: a monitored barrier on the health group names them."""
+    def missing_ranks(self, step: int) -> str:
+        """Which ranks do not answer, the same verdict on every rank that does: each rank marks itself alive in
+        the process group's store and, after a few seconds, names the ranks whose mark is missing (a store, not
+        a collective: a gloo collective that times out closes its group). Marks the exchange broken: a job that
+        failed does not wait at exit for reports that will never come."""
+        self.broken = True
+        wait = min(10.0, self.timeout.total_seconds())
         try:
-            dist.monitored_barrier(group=self.health, timeout=datetime.timedelta(
-                seconds=min(10.0, self.timeout.total_seconds())), wait_all_ranks=True)
-        except RuntimeError as e:
-            return f"not answering: {str(e).splitlines()[0]}"
-        except Exception as e:  # noqa: BLE001 - report whatever the barrier said
-            return f"health check failed: {e}"
-        return "every rank answered a health check afterwards"
+            silent = self._silent_ranks(step, wait)
+        except Exception as e:  # noqa: BLE001 - report whatever the check said
+            return f"health check failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        if not silent:
+            return "every rank answered a health check afterwards"
+        who = f"rank {silent[0]}" if len(silent) == 1 else f"ranks {', '.join(map(str, silent))}"
+        return f"not answering: {who} (silent in a health check of {wait:.0f} s)"
+
+    def _silent_ranks(self, step: int, wait: float) -> List[int]:
+        store = dist.distributed_c10d._get_default_store()
+        prefix = f"lbbsp-health/{'-'.join(map(str, self.ranks))}/{step}/"
+        keys = [prefix + str(r) for r in range(self.world)]
+        store.set(keys[self.rank], "alive")
+        try:
+            store.wait(keys, datetime.timedelta(seconds=wait))
+            return []
+        except RuntimeError:  # a timeout: see who is missing
+            return [r for r in range(self.world) if not store.check([keys[r]])]
 
 
 def disagreement(step: int, sums: np.ndarray) -> Optional[str]:

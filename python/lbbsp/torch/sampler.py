@@ -13,13 +13,16 @@ if TYPE_CHECKING:
     from .controller import LoadBalancer
 
 
-def required_lag(num_workers: int, prefetch_factor: Optional[int] = None) -> int:
-    """The batches a DataLoader reads ahead of the one being trained, so the ``lag`` its batch sampler needs:
-    0 without workers, else ``num_workers * prefetch_factor`` (PyTorch's default prefetch_factor is 2)."""
+def required_lag(num_workers: int, prefetch_factor: Optional[int] = None, micro_batches: int = 1) -> int:
+    """The steps a DataLoader reads ahead of the one being trained, so the ``lag`` its batch sampler needs:
+    0 without workers, else ``num_workers * prefetch_factor`` batches (PyTorch's default prefetch_factor is 2),
+    which are that many over ``micro_batches`` steps when each step is several micro-batches."""
     workers = _positive_int(num_workers, "num_workers", 0)
+    micro = _positive_int(micro_batches, "micro_batches", 1)
     if workers == 0:
         return 0
-    return workers * (2 if prefetch_factor is None else _positive_int(prefetch_factor, "prefetch_factor", 1))
+    ahead = workers * (2 if prefetch_factor is None else _positive_int(prefetch_factor, "prefetch_factor", 1))
+    return -(-ahead // micro)
 
 
 def _empty_like(batch: Any) -> Any:
@@ -60,8 +63,8 @@ class AllowEmpty:
 
 
 class BalancedBatchSampler:
-    """DataLoader ``batch_sampler`` over a LoadBalancer: yields this rank's index list of each step of an epoch,
-    as far ahead as the controller's ``lag`` allows. The epoch is the run's (``lb.epoch``) unless
+    """DataLoader ``batch_sampler`` over a LoadBalancer: yields this rank's index list of each step of an epoch
+    (with ``micro_batches`` > 1 its micro-batches, one by one), as far ahead as the controller's ``lag`` allows. The epoch is the run's (``lb.epoch``) unless
     ``set_epoch()`` fixes it; iteration starts at the run's current step of that epoch (``lb.global_step``), so
     one sampler serves every epoch and a resumed run continues mid-epoch with no user code."""
 
@@ -93,14 +96,17 @@ class BalancedBatchSampler:
         """Steps the current (or next) iteration yields: the epoch's, less those done before it began."""
         spe, g = self.lb.steps_per_epoch, self.lb.global_step
         if self.whole_epoch_len:
-            return spe
+            return spe * self.lb.micro_batches
         epoch = g // spe if self._epoch is None else self._epoch
         if self._started is not None and self._started[0] == epoch and g < (epoch + 1) * spe:
-            return spe - self._started[1]  # iterating this epoch: where the iteration began
-        return spe - self._plan()[1]
+            return (spe - self._started[1]) * self.lb.micro_batches  # iterating this epoch: from where it began
+        return (spe - self._plan()[1]) * self.lb.micro_batches
 
     def __iter__(self) -> Iterator[List[int]]:
         epoch, start = self._plan()
         self._started = (epoch, start)
         for step in range(start, self.lb.steps_per_epoch):
-            yield self.lb.indices(epoch, step).tolist()
+            if self.lb.micro_batches == 1:
+                yield self.lb.indices(epoch, step).tolist()
+            else:
+                yield from (m.tolist() for m in self.lb.micro_indices(epoch, step))
