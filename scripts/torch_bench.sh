@@ -43,9 +43,10 @@ for v in "${variants[@]}"; do
     --cost-slope $SLOPE $args --summary-json "$OUT/plain-ddp-$name.json" | tail -1
   echo "== DDP + lbbsp, $name"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --balancer lbbsp-cpu \
     --predictor narx --straggle $caps --cost-slope $SLOPE $args --summary-json "$OUT/ddp-lbbsp-$name.json" | tail -1
+  # its oracle: the best fixed split for the known capacities, the cost in the same place (the same runtime)
+  echo "== DDP, oracle split, $name"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --oracle \
+    --straggle $caps --cost-slope $SLOPE $args --summary-json "$OUT/ddp-oracle-$name.json" | tail -1
 done
-echo "== DDP, oracle split"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --oracle --straggle $caps \
-  --cost-slope $SLOPE --summary-json "$OUT/ddp-oracle.json" | tail -1
 for b in lbbsp-cpu oracle; do
   echo "== lbbsp train $b"
   mpirun -n $R --oversubscribe --bind-to none "$LBBSP" train "${common[@]}" --balancer $b --predictor narx \
@@ -64,15 +65,15 @@ def row(label, r, base, oracle):
           f"{'%.1f s' % t if t is not None else 'not reached'} | {cost} |")
 load = lambda k: json.load(open(f"{out}/{k}.json"))
 ideal = slope * X / sum(caps)
-oracle = load("ddp-oracle")
-print(f"\nideal iteration (every rank busy): {ideal * 1e3:.1f} ms; torch {oracle['torch']}\n")
+print(f"\nideal iteration (every rank busy): {ideal * 1e3:.1f} ms; torch {load('ddp-oracle-forward')['torch']}\n")
 print("| run | mean iteration | vs plain DDP | vs its oracle | vs ideal | time to 0.85 | decide / step() cost |")
 print("|---|---:|---:|---:|---:|---:|---:|")
 for name in ("forward", "load", "after-backward", "loader"):
-    plain = load(f"plain-ddp-{name}")
-    row(f"plain DDP, cost {name}", plain, plain["mean_iteration_s"], oracle["mean_iteration_s"])
-    row(f"DDP + lbbsp, cost {name}", load(f"ddp-lbbsp-{name}"), plain["mean_iteration_s"], oracle["mean_iteration_s"])
-row("DDP, oracle split (cost forward)", oracle, load("plain-ddp-forward")["mean_iteration_s"], oracle["mean_iteration_s"])
+    plain, oracle = load(f"plain-ddp-{name}"), load(f"ddp-oracle-{name}")
+    base, best = plain["mean_iteration_s"], oracle["mean_iteration_s"]
+    row(f"plain DDP, cost {name}", plain, base, best)
+    row(f"DDP + lbbsp, cost {name}", load(f"ddp-lbbsp-{name}"), base, best)
+    row(f"DDP, oracle split, cost {name}", oracle, base, best)
 lo = load("lbbsp-oracle")["mean_iteration_s"]
 row("lbbsp train lbbsp-cpu/narx", load("lbbsp-lbbsp-cpu"), 0, lo)
 row("lbbsp train oracle", load("lbbsp-oracle"), 0, lo)

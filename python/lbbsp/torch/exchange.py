@@ -163,9 +163,9 @@ class ReportExchange:
 
 def disagreement(step: int, sums: np.ndarray) -> Optional[str]:
     """None when every rank used the same batch vector (same checksum), else a message naming who differs."""
-    values, first, counts = np.unique(sums, return_index=True, return_counts=True)
-    if len(values) == 1:
+    if (sums == sums[0]).all():
         return None
+    values, first, counts = np.unique(sums, return_index=True, return_counts=True)
     parts = []
     for v in values[np.lexsort((first, -counts))]:
         who = np.flatnonzero(sums == v).tolist()

@@ -16,26 +16,35 @@ class ResourceMonitor:
         self._last_own = time.process_time()
 
     def _cpu_times(self):
-        busy = total = running = 0
+        """(busy, total) clock ticks of this rank's CPUs and the run queue, from one read of /proc/stat (its
+        per-CPU lines come first; the long interrupt line is not parsed)."""
         try:
-            with open("/proc/stat") as f:
-                for line in f:
-                    if line.startswith("procs_running "):
-                        running = int(line.split()[1])
-                    if not line.startswith("cpu") or not line[3].isdigit():
-                        continue
-                    parts = line.split()
-                    cpu = int(parts[0][3:])
-                    if self._cpus and cpu not in self._cpus:
-                        continue
-                    v = [int(x) for x in parts[1:9]] + [0] * max(0, 9 - len(parts))
-                    user, nice, sys_, idle, iowait, irq, softirq, steal = v[:8]
-                    b = user + nice + sys_ + irq + softirq + steal
-                    busy += b
-                    total += b + idle + iowait
+            with open("/proc/stat", "rb") as f:
+                data = f.read()
         except OSError:
             return None
+        busy = total = 0
+        for line in data.split(b"\n", 1 + (max(self._cpus) + 1 if self._cpus else 1024))[1:]:
+            if not line.startswith(b"cpu"):
+                break
+            parts = line.split()
+            if self._cpus and int(parts[0][3:]) not in self._cpus:
+                continue
+            user, nice, sys_, idle, iowait, irq, softirq, steal = (list(map(int, parts[1:9])) + [0] * 8)[:8]
+            b = user + nice + sys_ + irq + softirq + steal
+            busy += b
+            total += b + idle + iowait
+        at = data.find(b"procs_running ")
+        running = int(data[at + 14:data.index(b"\n", at)]) if at >= 0 else 0
         return busy, total, running
+
+    @staticmethod
+    def _memory() -> float:
+        """MemAvailable / MemTotal (both near the top of /proc/meminfo: the rest is not read)."""
+        with open("/proc/meminfo", "rb") as f:
+            head = f.read(512)
+        fields = dict(line.split(b":", 1) for line in head.split(b"\n")[:6] if b":" in line)
+        return int(fields[b"MemAvailable"].split()[0]) / int(fields[b"MemTotal"].split()[0])
 
     def sample(self) -> List[float]:
         now, own = self._cpu_times(), time.process_time()
@@ -47,9 +56,7 @@ class ResourceMonitor:
                 cpu = min(1.0, max(0.0, 1.0 - others / total_s))
             load = now[2] / max(1, os.cpu_count() or 1)
         try:
-            with open("/proc/meminfo") as f:
-                info = {line.split(":")[0]: float(line.split()[1]) for line in f if ":" in line}
-            mem = info["MemAvailable"] / info["MemTotal"]
+            mem = self._memory()
         except (OSError, KeyError, ValueError, ZeroDivisionError):
             pass
         self._last, self._last_own = now, own
