@@ -164,6 +164,9 @@ def spawned(rank, a, world, port):
     init_from_env(backend="gloo")
     train(a)
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter shutdown: a gloo thread releasing the comm hook's callback then aborts (PyTorch #117762)
 
 
 def main():
@@ -204,6 +207,9 @@ def main():
     init_from_env()
     train(a)
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter shutdown: a gloo thread releasing the comm hook's callback then aborts (PyTorch #117762)
 
 
 if __name__ == "__main__":

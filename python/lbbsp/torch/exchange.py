@@ -158,7 +158,16 @@ class ReportExchange:
             store.wait(keys, datetime.timedelta(seconds=wait))
             return []
         except RuntimeError:  # a timeout: see who is missing
-            return [r for r in range(self.world) if not store.check([keys[r]])]
+            return [r for r in range(self.world) if not _has_key(store, keys[r])]
+
+
+def _has_key(store: dist.Store, key: str) -> bool:
+    """Whether ``key`` is set (Store.check is missing in PyTorch 1.13: a wait that ends at once or times out)."""
+    try:
+        store.wait([key], datetime.timedelta(milliseconds=50))
+        return True
+    except RuntimeError:
+        return False
 
 
 def disagreement(step: int, sums: np.ndarray) -> Optional[str]:
