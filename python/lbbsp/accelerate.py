@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .torch import LoadBalancer
+from .torch.exchange import is_collective_error
 
 __all__ = ["prepare"]
 
@@ -78,6 +79,8 @@ def _scale_backward(accelerator: Any, lb: LoadBalancer) -> None:
         try:
             return original(scaled, **kwargs)
         except RuntimeError as e:  # a peer hung past the timeout or died: say which
+            if not is_collective_error(e):
+                raise
             raise lb.collective_failed(e) from e
     accelerator.backward = backward
 

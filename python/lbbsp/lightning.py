@@ -22,6 +22,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage
 
 from .torch import LoadBalancer
+from .torch.exchange import is_collective_error
 
 __all__ = ["LoadBalancedDDP", "LoadBalancerCallback"]
 
@@ -141,7 +142,7 @@ class LoadBalancedDDP(DDPStrategy):
         try:
             return super().backward(closure_loss, optimizer, *args, **kwargs)
         except RuntimeError as e:  # a peer hung past the timeout or died: say which
-            if lb is None:
+            if lb is None or not is_collective_error(e):
                 raise
             raise lb.collective_failed(e) from e
 

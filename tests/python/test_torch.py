@@ -935,6 +935,18 @@ def test_micro_batches_from_the_sampler_equal_one_process(tmp_path):
         assert "rank 0" in wrong or "ranks 0" in wrong, (r, wrong)
 
 
+def test_only_collective_errors_are_taken_for_a_hung_peer():
+    from lbbsp.torch.exchange import is_collective_error
+    gloo = RuntimeError("Got the following error when running the callback: RuntimeError: [../third_party/gloo/gloo/"
+                        "transport/tcp/unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation to complete")
+    assert is_collective_error(gloo)
+    assert is_collective_error(RuntimeError("[pair.cc:561] Connection closed by peer [127.0.0.1]:54164"))
+    # the user's own mistakes in backward are re-raised as they are, not blamed on other ranks
+    assert not is_collective_error(RuntimeError("element 0 of tensors does not require grad and does not have a "
+                                                "grad_fn"))
+    assert not is_collective_error(ValueError("timed out"))
+
+
 def test_micro_sizes_and_the_lag_a_loader_needs():
     from lbbsp.torch import required_lag
     assert required_lag(2, 2, micro_batches=1) == 4

@@ -286,7 +286,8 @@ class LoadBalancer:
 
     def collective_failed(self, error: BaseException, what: str = "the gradient allreduce") -> RuntimeError:
         """The error to raise when a collective of the step failed (a peer hung past the process group's timeout
-        or died): names the ranks that do not answer a health check. Frameworks' backward wrappers use it."""
+        or died; ``lbbsp.torch.exchange.is_collective_error(error)`` tells): names the ranks that do not answer a
+        health check. Frameworks' backward wrappers use it."""
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         return RuntimeError(f"LoadBalancer: step {self._step}: {what} failed on rank {self.rank}: "
                             f"{self._exchange.missing_ranks(self._step)}; {first}")

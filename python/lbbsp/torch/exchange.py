@@ -161,6 +161,21 @@ class ReportExchange:
             return [r for r in range(self.world) if not _has_key(store, keys[r])]
 
 
+# What a failed collective's error says (gloo, NCCL, the c10d store): a timeout or a lost peer, not the user's code.
+_COLLECTIVE_MARKS = ("gloo", "nccl", "timed out", "connection closed", "connection reset", "socket timeout",
+                     "broken pipe", "watchdog")
+
+
+def is_collective_error(error: BaseException) -> bool:
+    """Whether an exception from backward() is a collective failing (a peer hung or died), as opposed to an
+    error in the user's own code, which is re-raised untouched."""
+    dist_error = getattr(dist, "DistError", None)
+    if dist_error is not None and isinstance(error, dist_error):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(mark in text for mark in _COLLECTIVE_MARKS)
+
+
 def _has_key(store: dist.Store, key: str) -> bool:
     """Whether ``key`` is set (Store.check is missing in PyTorch 1.13: a wait that ends at once or times out)."""
     try:
