@@ -23,6 +23,11 @@ target_include_directories(lbbsp_core PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_
 target_link_libraries(lbbsp_core PRIVATE $<BUILD_INTERFACE:Eigen3::Eigen> PUBLIC OpenMP::OpenMP_CXX)
 # No errno from sqrt/log: lets the NARX Adam update vectorise (results are unchanged; nothing reads errno).
 set_source_files_properties(${LBBSP_PREDICTORS_SOURCES} PROPERTIES COMPILE_OPTIONS -fno-math-errno)
+# The same decisions from every build (-march=native with AVX-512 and FMA, the portable wheel, another node): no
+# fused multiply-adds contracted from a*b+c, and Eigen's scalar path (its SIMD packets differ with the ISA and
+# reorder sums). Without these lbbsp-gpu-model decided differently at iteration 17 on an AVX-512 node.
+target_compile_options(lbbsp_core PRIVATE -ffp-contract=off)
+target_compile_definitions(lbbsp_core PRIVATE EIGEN_DONT_VECTORIZE)
 
 # ---- install: library, public headers, CMake package (component "core") ----
 set(LBBSP_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/lbbsp)
