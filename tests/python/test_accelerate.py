@@ -81,7 +81,7 @@ def _worker(out, stop, resume):
 def _hang_worker(out):
     """Rank 2 hangs before its backward at step 3; the process group times out after 8 s."""
     import datetime
-    import time
+    import threading
     kw = accelerate.utils.InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=8))
     acc = accelerate.Accelerator(cpu=True, kwargs_handlers=[kw])
     net = make_model()
@@ -92,7 +92,7 @@ def _hang_worker(out):
                                                       predictor="ema", monitor=fixed_metrics)
     for xb, yb in loader:
         if acc.process_index == 2 and lb.global_step == 3:
-            time.sleep(600)
+            threading.Event().wait()  # never returns: torchrun ends this process
         acc.backward(F.cross_entropy(model(xb), yb))
         opt.step()
         opt.zero_grad()

@@ -95,7 +95,6 @@ class LoadBalancer:
         self.steps_per_epoch = lbbsp.steps_per_epoch(self.dataset_size, self.global_batch)
         self._sizes: Dict[int, np.ndarray] = {k: self._balancer.initial() for k in range(self.lag + 1)}
         self._done_sizes = self._sizes[0]  # the batch vector of the last step closed (figures())
-        self._forgotten = 0  # the sizes of the steps before this one are dropped
         self._step = 0  # global step (over epochs) that the next step() closes
         self._decided = -1  # the last step whose reports were decided from
         self._stepped = False  # step() called since construction (or the last load_state_dict)
@@ -387,9 +386,8 @@ class LoadBalancer:
         if self.lag:
             self._decide_through(k, block=False)
         self._step, self._stepped, self._micro, self._done_sizes = k + 1, True, 0, self._sizes[k]
-        for g in range(self._forgotten, min(k, self._decided) + 1):
-            self._sizes.pop(g, None)  # decided from and past; undecided steps keep theirs to check their reports
-        self._forgotten = max(self._forgotten, min(k, self._decided) + 1)
+        for g in [g for g in self._sizes if g <= min(k, self._decided)]:
+            del self._sizes[g]  # decided from and past; undecided steps keep theirs to check their reports
         if from_step:
             self._restart_clock()
         self.timing["step_s"] += time.perf_counter() - t0
@@ -476,7 +474,6 @@ class LoadBalancer:
             last = saved.get(g, last)
             sizes[g] = last
         self._sizes, self._step, self._decided, self._stepped, self._micro = sizes, step, step - 1, False, 0
-        self._forgotten = step
         self._restart_clock()
 
     # ---- DataLoader ----
