@@ -2,7 +2,50 @@
 
 #include <cstddef>
 
+#include "models/simd.hpp"
+
 namespace lbbsp::models {
+
+namespace {
+
+#ifdef LBBSP_SIMD_LANES
+// One vector of channels of one window: the compiler's own vectorisation of the scalar loop below picks a
+// width by the uint8 argmax (64 lanes on AVX-512) and ran 16 or 32 channels scalar, with a branch per cell.
+void window_forward(const float* a, const float* b, int c, float* out, uint8_t* idx) {
+  using simd::Vec;
+  Vec best = simd::load(a), which = simd::zero();
+  const float* cells[3] = {a + c, b, b + c};
+  for (int q = 1; q <= 3; ++q) {
+    const Vec v = simd::load(cells[q - 1]);
+    which = simd::select_greater(v, best, simd::set1(float(q)), which);  // strict: the first maximum stays
+    best = simd::select_greater(v, best, v, best);
+  }
+  simd::store(out, best);
+  simd::store_bytes(idx, which);
+}
+
+void window_backward(const float* g, const uint8_t* idx, int c, float* a, float* b) {
+  const simd::Vec v = simd::load(g);
+  simd::store(a, simd::keep_where_equal(idx, 0, v));
+  simd::store(a + c, simd::keep_where_equal(idx, 1, v));
+  simd::store(b, simd::keep_where_equal(idx, 2, v));
+  simd::store(b + c, simd::keep_where_equal(idx, 3, v));
+}
+
+constexpr int kVectorLanes = simd::kLanes;
+bool vector_channels(int c) {
+  return c % simd::kLanes == 0;
+}
+#else
+constexpr int kVectorLanes = 1;
+bool vector_channels(int) {
+  return false;
+}
+void window_forward(const float*, const float*, int, float*, uint8_t*) {}
+void window_backward(const float*, const uint8_t*, int, float*, float*) {}
+#endif
+
+}  // namespace
 
 void maxpool2x2_forward(const float* x, float* y, uint8_t* argmax, int n, int h, int w, int c) {
   const int ho = h / 2, wo = w / 2;
@@ -17,7 +60,11 @@ void maxpool2x2_forward(const float* x, float* y, uint8_t* argmax, int n, int h,
       for (int ox = 0; ox < wo; ++ox) {
         const float* a = in0 + size_t(2 * ox) * c;
         const float* b = in1 + size_t(2 * ox) * c;
-#pragma omp simd
+        if (vector_channels(c)) {
+          for (int k = 0; k < c; k += kVectorLanes)
+            window_forward(a + k, b + k, c, out + size_t(ox) * c + k, idx + size_t(ox) * c + k);
+          continue;
+        }
         for (int k = 0; k < c; ++k) {
           // Window order 0:(0,0) 1:(0,1) 2:(1,0) 3:(1,1); strict '>' keeps the first maximum.
           float best = a[k];
@@ -64,7 +111,11 @@ void maxpool2x2_backward(const float* dy, const uint8_t* argmax, float* dx, int 
       for (int ox = 0; ox < wo; ++ox) {
         float* a = out0 + size_t(2 * ox) * c;
         float* b = out1 + size_t(2 * ox) * c;
-#pragma omp simd
+        if (vector_channels(c)) {
+          for (int k = 0; k < c; k += kVectorLanes)
+            window_backward(g + size_t(ox) * c + k, idx + size_t(ox) * c + k, c, a + k, b + k);
+          continue;
+        }
         for (int k = 0; k < c; ++k) {
           const float v = g[size_t(ox) * c + k];
           const uint8_t which = idx[size_t(ox) * c + k];
