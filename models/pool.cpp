@@ -8,42 +8,55 @@ namespace lbbsp::models {
 
 namespace {
 
+// One output row with a vector of channels per window (false where the build has no vector unit or c does not
+// fill vectors): the compiler's own vectorisation of the scalar loops below takes its width from the uint8
+// argmax (64 lanes on AVX-512) and ran 16 or 32 channels scalar, with a branch per cell.
+bool forward_row_vectors(const float* in0, const float* in1, int wo, int c, float* out, uint8_t* idx) {
 #ifdef LBBSP_SIMD_LANES
-// One vector of channels of one window: the compiler's own vectorisation of the scalar loop below picks a
-// width by the uint8 argmax (64 lanes on AVX-512) and ran 16 or 32 channels scalar, with a branch per cell.
-void window_forward(const float* a, const float* b, int c, float* out, uint8_t* idx) {
-  using simd::Vec;
-  Vec best = simd::load(a), which = simd::zero();
-  const float* cells[3] = {a + c, b, b + c};
-  for (int q = 1; q <= 3; ++q) {
-    const Vec v = simd::load(cells[q - 1]);
-    which = simd::select_greater(v, best, simd::set1(float(q)), which);  // strict: the first maximum stays
-    best = simd::select_greater(v, best, v, best);
-  }
-  simd::store(out, best);
-  simd::store_bytes(idx, which);
-}
-
-void window_backward(const float* g, const uint8_t* idx, int c, float* a, float* b) {
-  const simd::Vec v = simd::load(g);
-  simd::store(a, simd::keep_where_equal(idx, 0, v));
-  simd::store(a + c, simd::keep_where_equal(idx, 1, v));
-  simd::store(b, simd::keep_where_equal(idx, 2, v));
-  simd::store(b + c, simd::keep_where_equal(idx, 3, v));
-}
-
-constexpr int kVectorLanes = simd::kLanes;
-bool vector_channels(int c) {
-  return c % simd::kLanes == 0;
-}
+  if (c % simd::kLanes != 0) return false;
+  const float which_cell[4] = {0.0f, 1.0f, 2.0f, 3.0f};
+  for (int ox = 0; ox < wo; ++ox)
+    for (int k = 0; k < c; k += simd::kLanes) {
+      const float* a = in0 + size_t(2 * ox) * c + k;
+      const float* b = in1 + size_t(2 * ox) * c + k;
+      const float* cells[4] = {a, a + c, b, b + c};
+      simd::Vec best = simd::load(a), which = simd::zero();
+      for (int q = 1; q < 4; ++q) {
+        const simd::Vec v = simd::load(cells[q]);
+        which =
+            simd::select_greater(v, best, simd::broadcast(which_cell + q), which);  // strict: first max stays
+        best = simd::select_greater(v, best, v, best);
+      }
+      simd::store(out + size_t(ox) * c + k, best);
+      simd::store_bytes(idx + size_t(ox) * c + k, which);
+    }
+  return true;
 #else
-constexpr int kVectorLanes = 1;
-bool vector_channels(int) {
+  (void)in0, (void)in1, (void)wo, (void)c, (void)out, (void)idx;
   return false;
-}
-void window_forward(const float*, const float*, int, float*, uint8_t*) {}
-void window_backward(const float*, const uint8_t*, int, float*, float*) {}
 #endif
+}
+
+bool backward_row_vectors(const float* g, const uint8_t* idx, int wo, int c, float* out0, float* out1) {
+#ifdef LBBSP_SIMD_LANES
+  if (c % simd::kLanes != 0) return false;
+  for (int ox = 0; ox < wo; ++ox)
+    for (int k = 0; k < c; k += simd::kLanes) {
+      const size_t o = size_t(ox) * c + k;
+      float* a = out0 + size_t(2 * ox) * c + k;
+      float* b = out1 + size_t(2 * ox) * c + k;
+      const simd::Vec v = simd::load(g + o);
+      simd::store(a, simd::keep_where_equal(idx + o, 0, v));
+      simd::store(a + c, simd::keep_where_equal(idx + o, 1, v));
+      simd::store(b, simd::keep_where_equal(idx + o, 2, v));
+      simd::store(b + c, simd::keep_where_equal(idx + o, 3, v));
+    }
+  return true;
+#else
+  (void)g, (void)idx, (void)wo, (void)c, (void)out0, (void)out1;
+  return false;
+#endif
+}
 
 }  // namespace
 
@@ -57,14 +70,10 @@ void maxpool2x2_forward(const float* x, float* y, uint8_t* argmax, int n, int h,
       const float* in1 = in0 + row;                           // bottom row
       float* out = y + (size_t(s) * ho + oy) * wo * c;
       uint8_t* idx = argmax + (size_t(s) * ho + oy) * wo * c;
+      if (forward_row_vectors(in0, in1, wo, c, out, idx)) continue;
       for (int ox = 0; ox < wo; ++ox) {
         const float* a = in0 + size_t(2 * ox) * c;
         const float* b = in1 + size_t(2 * ox) * c;
-        if (vector_channels(c)) {
-          for (int k = 0; k < c; k += kVectorLanes)
-            window_forward(a + k, b + k, c, out + size_t(ox) * c + k, idx + size_t(ox) * c + k);
-          continue;
-        }
         for (int k = 0; k < c; ++k) {
           // Window order 0:(0,0) 1:(0,1) 2:(1,0) 3:(1,1); strict '>' keeps the first maximum.
           float best = a[k];
@@ -108,14 +117,10 @@ void maxpool2x2_backward(const float* dy, const uint8_t* argmax, float* dx, int 
       float* out1 = out0 + row;
       const float* g = dy + (size_t(s) * ho + oy) * wo * c;
       const uint8_t* idx = argmax + (size_t(s) * ho + oy) * wo * c;
+      if (backward_row_vectors(g, idx, wo, c, out0, out1)) continue;
       for (int ox = 0; ox < wo; ++ox) {
         float* a = out0 + size_t(2 * ox) * c;
         float* b = out1 + size_t(2 * ox) * c;
-        if (vector_channels(c)) {
-          for (int k = 0; k < c; k += kVectorLanes)
-            window_backward(g + size_t(ox) * c + k, idx + size_t(ox) * c + k, c, a + k, b + k);
-          continue;
-        }
         for (int k = 0; k < c; ++k) {
           const float v = g[size_t(ox) * c + k];
           const uint8_t which = idx[size_t(ox) * c + k];

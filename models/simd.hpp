@@ -48,9 +48,6 @@ inline Vec fmadd(Vec a, Vec b, Vec c) {
 }  // a * b + c
 // The maskz forms with every lane set: GCC 12 warns of an uninitialised operand in the plain ones.
 constexpr __mmask16 kAll = 0xFFFF;
-inline Vec set1(float v) {
-  return _mm512_set1_ps(v);
-}
 inline Vec select_greater(Vec a, Vec b, Vec x, Vec y) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ), y, x);
 }  // a > b ? x : y per lane (false where either is NaN)
@@ -86,9 +83,6 @@ inline Vec broadcast(const float* p) {
 inline Vec fmadd(Vec a, Vec b, Vec c) {
   return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
 }
-inline Vec set1(float v) {
-  return {_mm256_set1_ps(v), _mm256_set1_ps(v)};
-}
 inline Vec select_greater(Vec a, Vec b, Vec x, Vec y) {
   return {select_greater8(a.lo, b.lo, x.lo, y.lo), select_greater8(a.hi, b.hi, x.hi, y.hi)};
 }
@@ -117,9 +111,6 @@ inline Vec broadcast(const float* p) {
 }
 inline Vec fmadd(Vec a, Vec b, Vec c) {
   return _mm256_fmadd_ps(a, b, c);
-}
-inline Vec set1(float v) {
-  return _mm256_set1_ps(v);
 }
 inline Vec select_greater(Vec a, Vec b, Vec x, Vec y) {
   return select_greater8(a, b, x, y);
