@@ -1,6 +1,5 @@
 #include "runtime/batch_manager.hpp"
 
-#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -8,10 +7,12 @@
 namespace lbbsp::runtime {
 
 BatchSizeManager::BatchSizeManager(const balancer::BalancerConfig& cfg, int lag)
-    : cfg_(cfg), lag_(lag), balancer_(balancer::make_balancer(cfg)) {}
+    : cfg_(cfg), lag_(lag), balancer_(balancer::make_balancer(cfg)) {
+  if (lag < 0) throw std::invalid_argument("lag " + std::to_string(lag) + " must be >= 0");
+}
 
 BatchSizeManager::~BatchSizeManager() {
-  if (pending_.valid()) pending_.wait();
+  if (in_flight_.valid()) in_flight_.wait();
 }
 
 void BatchSizeManager::check(const std::vector<int64_t>& b) const {
@@ -34,45 +35,56 @@ void BatchSizeManager::check(const std::vector<int64_t>& b) const {
 std::vector<int64_t> BatchSizeManager::initial() {
   auto b = balancer_->initial();
   check(b);
+  queued_.assign(lag_, Decision{b, {}});
   return b;
 }
 
-std::vector<int64_t> BatchSizeManager::decide(const balancer::IterationReport& report) {
-  auto b = balancer_->next(report);
-  check(b);
-  predicted_ = balancer_->predicted_speeds();
-  return b;
+BatchSizeManager::Decision BatchSizeManager::decide_now(const balancer::IterationReport& report) {
+  Decision d{balancer_->next(report), balancer_->predicted_speeds()};
+  check(d.batch);
+  return d;
 }
 
-void BatchSizeManager::decide_async(balancer::IterationReport report) {
-  if (pending()) throw std::logic_error("BatchSizeManager: a decision is already in flight");
-  pending_ = std::async(std::launch::async, [this, r = std::move(report)] {
-    auto b = balancer_->next(r);
-    pending_predicted_ = balancer_->predicted_speeds();
-    return b;
-  });
+void BatchSizeManager::decide(balancer::IterationReport report) {
+  settle_in_flight();  // the balancer decides one iteration after the other
+  if (lag_ == 0) {
+    queued_.push_back(decide_now(report));
+    return;
+  }
+  in_flight_ = std::async(std::launch::async, [this, r = std::move(report)] { return decide_now(r); });
+}
+
+void BatchSizeManager::settle_in_flight() {
+  if (in_flight_.valid()) queued_.push_back(in_flight_.get());
+}
+
+std::vector<int64_t> BatchSizeManager::next() {
+  if (queued_.empty()) settle_in_flight();
+  if (queued_.empty()) throw std::logic_error("BatchSizeManager: next() before any decision");
+  Decision d = std::move(queued_.front());
+  queued_.pop_front();
+  predicted_ = std::move(d.predicted);
+  return std::move(d.batch);
 }
 
 std::vector<int64_t> BatchSizeManager::settle() {
-  if (pending_.valid()) {
-    ready_ = pending_.get();
-    check(ready_);
-    predicted_ = pending_predicted_;
+  settle_in_flight();
+  std::vector<int64_t> flat;
+  for (const auto& d : queued_) flat.insert(flat.end(), d.batch.begin(), d.batch.end());
+  return flat;
+}
+
+void BatchSizeManager::restore_pending(const std::vector<int64_t>& flat) {
+  if (flat.size() != static_cast<size_t>(lag_) * cfg_.workers)
+    throw std::invalid_argument("pending decisions hold " + std::to_string(flat.size()) + " sizes, not " +
+                                std::to_string(lag_) + " x " + std::to_string(cfg_.workers) +
+                                " (lag x ranks)");
+  queued_.clear();
+  for (int k = 0; k < lag_; ++k) {
+    std::vector<int64_t> b(flat.begin() + k * cfg_.workers, flat.begin() + (k + 1) * cfg_.workers);
+    check(b);
+    queued_.push_back({std::move(b), {}});
   }
-  return ready_;
-}
-
-void BatchSizeManager::restore_pending(const std::vector<int64_t>& b) {
-  check(b);
-  ready_ = b;
-}
-
-std::vector<int64_t> BatchSizeManager::collect() {
-  if (!ready_.empty()) return std::exchange(ready_, {});
-  auto b = pending_.get();
-  check(b);
-  predicted_ = pending_predicted_;
-  return b;
 }
 
 }  // namespace lbbsp::runtime

@@ -1,6 +1,9 @@
-// BatchSizeManager: lives on rank 0, turns every rank's report into the next batch vector through a Balancer.
-// With lag 1 the decision for iteration t+2 runs on a helper thread while rank 0 computes iteration t+1.
+// BatchSizeManager: lives on rank 0, turns every rank's report into the batch vectors of the coming
+// iterations through a Balancer, and owns the lag. With lag 0 it decides iteration t+1's vector after
+// iteration t; with lag L >= 1 it decides t+1+L's on a helper thread while t+1 runs, and queues the L
+// decisions made ahead.
 #pragma once
+#include <deque>
 #include <future>
 #include <memory>
 #include <vector>
@@ -14,31 +17,39 @@ class BatchSizeManager {
   BatchSizeManager(const balancer::BalancerConfig& cfg, int lag);
   ~BatchSizeManager();
 
+  int lag() const { return lag_; }
+  // The first iteration's batch vector; the L iterations after it run on it too (nothing is decided yet).
   std::vector<int64_t> initial();
-  // lag 0: decides now and returns the batch vector for the next iteration.
-  std::vector<int64_t> decide(const balancer::IterationReport& report);
-  // lag 1: starts deciding in the background; collect() returns the result (blocking if not ready yet).
-  void decide_async(balancer::IterationReport report);
-  bool pending() const { return pending_.valid() || !ready_.empty(); }
-  std::vector<int64_t> collect();
-  // Checkpoints: waits for the decision in flight (so the balancer state is settled) and returns it;
-  // collect() then returns it again. restore_pending() puts a checkpoint's pending decision back.
+  // After iteration t: starts deciding iteration t+1+lag's vector (on the helper thread with lag >= 1).
+  void decide(balancer::IterationReport report);
+  // Iteration t+1's vector (waits for the decision that makes it, if that is still running).
+  std::vector<int64_t> next();
+  // Checkpoints: waits for the decision in flight (so the balancer state is settled) and returns the L
+  // vectors decided ahead, oldest first, flattened (empty with lag 0); restore_pending() puts a checkpoint's
+  // back.
   std::vector<int64_t> settle();
-  void restore_pending(const std::vector<int64_t>& b);
-  // Speeds the balancer predicted in its last decision (per worker; empty when it has none).
+  void restore_pending(const std::vector<int64_t>& flat);
+  // Speeds the balancer predicted for the iteration next() last returned (per worker; empty when it has
+  // none).
   std::vector<double> predicted_speeds() const { return predicted_; }
   balancer::Balancer& balancer() { return *balancer_; }
   // Validates a batch vector (sum, bounds); throws naming the balancer if it broke its contract.
   void check(const std::vector<int64_t>& b) const;
 
  private:
+  struct Decision {
+    std::vector<int64_t> batch;
+    std::vector<double> predicted;
+  };
+  Decision decide_now(const balancer::IterationReport& report);
+  void settle_in_flight();
+
   balancer::BalancerConfig cfg_;
   int lag_;
   std::unique_ptr<balancer::Balancer> balancer_;
-  std::future<std::vector<int64_t>> pending_;
+  std::future<Decision> in_flight_;  // the newest decision, while the helper thread makes it
+  std::deque<Decision> queued_;      // the decisions made, oldest first
   std::vector<double> predicted_;
-  std::vector<double> pending_predicted_;
-  std::vector<int64_t> ready_;  // a settled decision not collected yet
 };
 
 }  // namespace lbbsp::runtime

@@ -52,7 +52,7 @@ struct TrainState {
   std::string balancer;  // --balancer spec whose state this is
   std::vector<float> params, velocity;
   std::vector<int64_t> batch;    // batch vector of `iteration`
-  std::vector<int64_t> pending;  // lag 1: the decision already made for iteration + 1 (else empty)
+  std::vector<int64_t> pending;  // lag L: the L batch vectors already decided after `batch` (R x L)
   std::string balancer_state;    // Balancer::save_state()
   nlohmann::json stats;          // the trainer's running statistics (summary, curve), opaque here
   std::optional<OptimizerRecord> optimizer;  // absent in checkpoints written before lbbsp recorded it

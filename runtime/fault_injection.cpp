@@ -25,6 +25,7 @@ FaultKind kind_of(const std::string& name) {
 
 class FaultHook : public TrainHook {
  public:
+  const char* name() const override { return "fault injection"; }
   FaultHook(const Fault& fault, Watchdog& watchdog) : fault_(fault), watchdog_(watchdog) {}
   void on_compute_begin(int64_t it) override {
     if (it != fault_.iteration) return;

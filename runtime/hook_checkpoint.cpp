@@ -13,6 +13,7 @@ namespace {
 
 class CheckpointHook : public TrainHook {
  public:
+  const char* name() const override { return "checkpoint"; }
   CheckpointHook(const TrainConfig& cfg, Watchdog& watchdog, bool root, CheckpointIdentity id,
                  std::function<TrainState(int64_t)> snapshot)
       : cfg_(cfg), watchdog_(watchdog), root_(root), id_(std::move(id)), snapshot_(std::move(snapshot)) {}

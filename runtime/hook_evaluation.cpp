@@ -42,6 +42,7 @@ EvalResult evaluate(StepEngine& engine, const Dataset& test, int64_t rows, Comm&
 
 class EvaluationHook : public TrainHook {
  public:
+  const char* name() const override { return "evaluation"; }
   explicit EvaluationHook(const EvaluationSetup& s) : s_(s) {}
 
   void on_iteration_end(const IterationContext& c) override {

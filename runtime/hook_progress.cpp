@@ -26,12 +26,13 @@ std::string format_eta(double s) {
 
 class ProgressHook : public TrainHook {
  public:
-  ProgressHook(const TrainConfig& cfg, int ranks, int64_t total, bool tty)
-      : ranks_(ranks),
-        global_batch_(cfg.global_batch),
-        total_(total),
-        every_(cfg.progress_every > 0 ? cfg.progress_every : std::max<int64_t>(1, total / 20)),
-        tty_(tty) {}
+  const char* name() const override { return "progress"; }
+  explicit ProgressHook(const ProgressSetup& s)
+      : ranks_(s.ranks),
+        global_batch_(s.cfg->global_batch),
+        total_(s.total),
+        every_(s.cfg->progress_every > 0 ? s.cfg->progress_every : std::max<int64_t>(1, s.total / 20)),
+        tty_(s.tty) {}
 
   void on_train_begin(const TrainContext& c) override { last_bar_ = c.t0; }
 
@@ -68,8 +69,8 @@ class ProgressHook : public TrainHook {
 
 }  // namespace
 
-std::unique_ptr<TrainHook> make_progress_hook(const TrainConfig& cfg, int ranks, int64_t total, bool tty) {
-  return std::make_unique<ProgressHook>(cfg, ranks, total, tty);
+std::unique_ptr<TrainHook> make_progress_hook(const ProgressSetup& setup) {
+  return std::make_unique<ProgressHook>(setup);
 }
 
 }  // namespace lbbsp::runtime

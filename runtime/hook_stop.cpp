@@ -14,6 +14,7 @@ namespace {
 
 class StopMessageHook : public TrainHook {
  public:
+  const char* name() const override { return "stop message"; }
   StopMessageHook(const TrainConfig& cfg, int64_t total) : cfg_(cfg), total_(total) {}
   void on_iteration_end(const IterationContext& c) override {
     if (!c.stopping) return;

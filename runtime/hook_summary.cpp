@@ -38,6 +38,7 @@ void save_params(const std::string& path, const models::Model& model, const std:
 
 class SummaryHook : public TrainHook {
  public:
+  const char* name() const override { return "summary"; }
   explicit SummaryHook(const SummarySetup& s) : s_(s) {}
 
   void on_train_end(const TrainEndContext& c) override {
@@ -101,6 +102,10 @@ class SummaryHook : public TrainHook {
     s["accuracy_curve"] = st.curve;
     s["params_checksum"] = c.params_checksum;
     s["stopped_by"] = c.exit_status ? nlohmann::json(signal_name(c.stop_signal)) : nlohmann::json(nullptr);
+    // Each hook's time in the whole run (this summary's own excluded).
+    s["hook_s"] = nlohmann::json::object();
+    for (const auto& [name, seconds] : c.hook_seconds)
+      if (name != std::string(this->name())) s["hook_s"][name] = seconds;
     return s;
   }
 

@@ -11,6 +11,7 @@ namespace {
 
 class TelemetryHook : public TrainHook {
  public:
+  const char* name() const override { return "telemetry"; }
   TelemetryHook(RunLog& log, int ranks) : log_(log), ranks_(ranks) {}
 
   void on_train_begin(const TrainContext& c) override { log_.set_origin(c.t0); }

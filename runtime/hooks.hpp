@@ -1,8 +1,9 @@
 // Hooks: the trainer's side concerns (telemetry, evaluation, checkpoints, progress, stop messages, summary,
 // fault injection), each a TrainHook that observes the loop at a few points, as LBANN's callbacks do. The
-// trainer calls every hook at each point in the order they were added, so the order of hooks is the order of
-// their side effects (log lines, files). Each hook is built with what it needs; the contexts carry what
-// changes per iteration.
+// trainer calls every hook at each point through Hooks, in the order added except where a hook names the
+// hooks it must follow (`after`: a dependency, such as the summary reading what the telemetry flushed); that
+// order is the order of their side effects (log lines, files). Each hook is built from a set-up with named
+// fields; the contexts carry what changes per iteration.
 #pragma once
 #include <chrono>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/checkpoint.hpp"
@@ -65,11 +67,15 @@ struct TrainEndContext {
   double params_checksum = 0;
   std::chrono::steady_clock::time_point t0;
   const RunStats* stats = nullptr;
+  std::vector<std::pair<std::string, double>> hook_seconds;  // each hook's time in the run, before this point
 };
 
 class TrainHook {
  public:
   virtual ~TrainHook() = default;
+  // A string literal: the hook's entry in the summary's hook times, the phase the watchdog names while it
+  // runs, and what other hooks' `after` lists refer to.
+  virtual const char* name() const = 0;
   virtual void on_train_begin(const TrainContext&) {}
   // Around this rank's forward/backward pass (the stats are this rank's, before they enter the buffer).
   virtual void on_compute_begin(int64_t /*iteration*/) {}
@@ -78,14 +84,43 @@ class TrainHook {
   virtual void on_train_end(const TrainEndContext&) {}
 };
 
-using Hooks = std::vector<std::unique_ptr<TrainHook>>;
+// The trainer's hooks. At the end of an iteration and at the start and end of the run it beats the watchdog
+// with each hook's name before calling it (a hook that hangs is named), and it times every hook.
+class Hooks {
+ public:
+  explicit Hooks(Watchdog* watchdog = nullptr) : watchdog_(watchdog) {}
+  // Adds a hook (null: nothing) that runs after the hooks named in `after` (where those are added at all).
+  void add(std::unique_ptr<TrainHook> hook, std::vector<std::string> after = {});
+  void on_train_begin(const TrainContext& c);
+  void on_compute_begin(int64_t iteration);
+  void on_compute_end(int64_t iteration, models::StepStats& stats);
+  void on_iteration_end(const IterationContext& c);
+  void on_train_end(TrainEndContext c);  // c.hook_seconds filled in
+  // The hooks' names in calling order (orders them first).
+  std::vector<std::string> names();
 
-// Rank 0: one telemetry row per rank and the timeline slices per iteration (runtime/telemetry.hpp); flushes
-// at the end.
+ private:
+  struct Entry {
+    std::unique_ptr<TrainHook> hook;
+    std::vector<std::string> after;
+    double seconds = 0;
+  };
+  void order();  // stable: the order added, each hook moved behind the ones it names
+  template <class Call>
+  void each(const int64_t* beat_iteration, Call&& call);
+  std::vector<std::pair<std::string, double>> seconds() const;
+
+  Watchdog* watchdog_;
+  std::vector<Entry> entries_;
+  bool ordered_ = false;
+};
+
+// Rank 0, "telemetry": one telemetry row per rank and the timeline slices per iteration
+// (runtime/telemetry.hpp); flushes at the end.
 std::unique_ptr<TrainHook> make_telemetry_hook(RunLog& log, int ranks);
 
-// Every rank (collective): the test-set evaluation after each epoch (or every --eval-every iterations) and at
-// the end; records it in stats (accuracy curve, time to target) and rank 0 prints it.
+// Every rank (collective), "evaluation": the test-set evaluation after each epoch (or every --eval-every
+// iterations) and at the end; records it in stats (accuracy curve, time to target) and rank 0 prints it.
 struct EvaluationSetup {
   const TrainConfig* cfg = nullptr;
   StepEngine* engine = nullptr;
@@ -99,19 +134,26 @@ struct EvaluationSetup {
 };
 std::unique_ptr<TrainHook> make_evaluation_hook(const EvaluationSetup& setup);
 
-// Every rank: checkpoints every --checkpoint-every iterations, at the end and when stopped by a signal; rank
-// 0 writes snapshot(next iteration). A failed write is a warning (the older checkpoints stay).
+// Every rank, "checkpoint": checkpoints every --checkpoint-every iterations, at the end and when stopped by a
+// signal; rank 0 writes snapshot(next iteration). A failed write is a warning (the older checkpoints stay).
 std::unique_ptr<TrainHook> make_checkpoint_hook(const TrainConfig& cfg, Watchdog& watchdog, bool root,
                                                 CheckpointIdentity id,
                                                 std::function<TrainState(int64_t)> snapshot);
 
-// Rank 0 unless --quiet: the live bar on a terminal, else a line every --progress-every iterations.
-std::unique_ptr<TrainHook> make_progress_hook(const TrainConfig& cfg, int ranks, int64_t total, bool tty);
+// Rank 0 unless --quiet, "progress": the live bar on a terminal, else a line every --progress-every
+// iterations.
+struct ProgressSetup {
+  const TrainConfig* cfg = nullptr;
+  int ranks = 1;
+  int64_t total = 0;  // iterations of the run
+  bool tty = false;
+};
+std::unique_ptr<TrainHook> make_progress_hook(const ProgressSetup& setup);
 
-// Rank 0: says after which iteration a stop signal ended the run and how to continue it.
+// Rank 0, "stop message": says after which iteration a stop signal ended the run and how to continue it.
 std::unique_ptr<TrainHook> make_stop_message_hook(const TrainConfig& cfg, int64_t total);
 
-// Rank 0: --summary-json, --save-params and the closing line.
+// Rank 0, "summary": --summary-json (with every earlier hook's time), --save-params and the closing line.
 struct SummarySetup {
   const TrainConfig* cfg = nullptr;
   const models::Model* model = nullptr;

@@ -4,7 +4,8 @@
 //   [ gradient sums (P) | loss sum, correct count (2) | R slots of kSlotFields floats | R next batch sizes ]
 //
 // Rank r writes only its own slot, so the sum delivers every rank's slot to every rank. The last R floats
-// carry, with lag 1, the batch vector rank 0 decided one iteration ahead (zero on the other ranks).
+// carry, with lag >= 1, the next iteration's batch vector, which rank 0 decided ahead (zero on the other
+// ranks).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -24,6 +25,7 @@ class ReductionBuffer {
         next_(params + 2 + static_cast<size_t>(ranks) * kSlotFields),
         data_(next_ + static_cast<size_t>(ranks)) {}
 
+  int ranks() const { return ranks_; }
   float* data() { return data_.data(); }
   const float* data() const { return data_.data(); }
   size_t size() const { return data_.size(); }

@@ -121,8 +121,10 @@ void add_train_command(CLI::App& app) {
                 "Speed predictor for lbbsp-cpu: narx | arima | ema | last | oracle")
       ->capture_default_str();
   t->add_option("--min-batch", c.min_batch, "Smallest batch any rank gets")->check(kNonNegative);
-  t->add_option("--lag", c.lag, "0: decide after each allreduce; 1: decide one iteration ahead, overlapped")
-      ->check(CLI::Range(0, 1))
+  t->add_option("--lag", c.lag,
+                "Iterations a decision runs ahead: 0 decides the next iteration's batch sizes after each "
+                "allreduce; L >= 1 decides the one L after it on a helper thread, overlapped with compute")
+      ->check(kNonNegative)
       ->capture_default_str();
   t->add_option("--straggle", c.straggle, "Straggler emulation spec (see README)")->capture_default_str();
   t->add_option("--log-dir", c.log_dir, "Write per-iteration telemetry (telemetry.h5) here");

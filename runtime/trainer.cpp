@@ -11,6 +11,7 @@
 #include "models/model.hpp"
 #include "models/optimizer.hpp"
 #include "runtime/batch_manager.hpp"
+#include "runtime/batch_pipeline.hpp"
 #include "runtime/dataset.hpp"
 #include "runtime/monitor.hpp"
 #include "runtime/step_engine.hpp"
@@ -44,7 +45,7 @@ int Trainer::run() {
   // The training clock; a resumed run's starts as long ago as the runs before it trained.
   t0_ = Clock::now() -
         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(stats_.train_time));
-  for (auto& h : hooks_) h->on_train_begin({t0_, start_it_});
+  hooks_.on_train_begin({t0_, start_it_});
 
   int64_t it = start_it_;
   for (; it < total_; ++it) {
@@ -56,17 +57,17 @@ int Trainer::run() {
     forward_backward(s, stats);
     // -- emulate: stretch the compute to what the straggler emulation says it takes
     emulate(s);
-    // -- fill slots: loss, correct, this rank's slot (and rank 0's batch vector decided ahead with lag 1)
+    // -- fill slots: loss, correct, this rank's slot (and the next batch vector when rank 0 decided it ahead)
     fill_slots(s, stats);
     // -- allreduce: one sum of the whole buffer over all ranks
     allreduce(s);
-    // -- decide: rank 0 turns every rank's slot into the next batch vector
+    // -- decide: rank 0 turns every rank's slot into a coming batch vector; every rank learns the next one
     decide(s);
     // -- SGD step: the same update on every rank
     sgd_step(s);
     // -- hooks: statistics, then telemetry, evaluation, checkpoint, progress, stop message
     const IterationContext ctx = end_iteration(s);
-    for (auto& h : hooks_) h->on_iteration_end(ctx);
+    hooks_.on_iteration_end(ctx);
     if (ctx.stopping) {
       ++it;
       break;
@@ -100,10 +101,10 @@ void Trainer::slice(Step& s) {
 
 void Trainer::forward_backward(Step& s, models::StepStats& stats) {
   s.t_compute = Clock::now();
-  for (auto& h : hooks_) h->on_compute_begin(s.it);
+  hooks_.on_compute_begin(s.it);
   train_->gather(rows_.data(), s.n, x_.data(), y_.data());
   stats = engine_->forward_backward(x_.data(), y_.data(), static_cast<int>(s.n), buf_->data());
-  for (auto& h : hooks_) h->on_compute_end(s.it, stats);
+  hooks_.on_compute_end(s.it, stats);
   s.real_s = seconds_since(s.t_compute);
 }
 
@@ -128,13 +129,10 @@ void Trainer::fill_slots(Step& s, const models::StepStats& stats) {
   slot[kCapacity] = static_cast<float>(straggler_->capacity(me_, s.replay_now));
   slot[kRealCompute] = static_cast<float>(s.real_s);
   slot[kStop] = static_cast<float>(stop_signals_->received());
-  if (root_ && cfg_.lag == 1) {
-    // The decision for this iteration + 1 ran on a thread while we computed; waiting for it is
-    // coordination.
-    const auto t = Clock::now();
-    buf_->set_next_batch(manager_->pending() ? manager_->collect() : batch_);
-    s.coord_s += seconds_since(t);
-  }
+  // A decision made ahead ran on a thread while we computed; waiting for it is coordination.
+  const auto t = Clock::now();
+  pipeline_->before_allreduce(*buf_);
+  s.coord_s += seconds_since(t);
 }
 
 void Trainer::allreduce(Step& s) {
@@ -158,16 +156,7 @@ void Trainer::decide(Step& s) {
   watchdog_->beat(s.it, "balancer");
   const auto t = Clock::now();
   s.max_compute = buf_->max_compute();
-  s.next_batch.assign(R_, 0);
-  if (root_ && cfg_.lag == 0) {
-    s.next_batch = manager_->decide(report(s));
-  } else if (root_) {
-    s.next_batch = buf_->next_batch();  // decided one iteration ago
-    manager_->decide_async(report(s));
-  } else if (cfg_.lag == 1) {
-    s.next_batch = buf_->next_batch();
-  }
-  if (cfg_.lag == 0) comm_.bcast(s.next_batch.data(), R_);
+  s.next_batch = pipeline_->after_allreduce(*buf_, comm_, [&] { return report(s); });
   s.coord_s += seconds_since(t);
 }
 
@@ -176,9 +165,11 @@ balancer::IterationReport Trainer::report(const Step& s) const {
   balancer::IterationReport report;
   report.iteration = s.it;
   report.workers.resize(R_);
-  // Lag 0 decides for the next iteration (starts now); lag 1 for the one after (starts one iteration later).
+  // The iteration decided for starts now with lag 0, L iterations later (of about the last one's length) with
+  // L.
+  const int64_t ahead = pipeline_->decided_for(s.it) - (s.it + 1);
   const double next_start = straggler_->replay_clock(
-      seconds_since(t0_) + (cfg_.lag == 1 ? stats_.last_iter_s : 0.0), s.it + 1 + cfg_.lag);
+      seconds_since(t0_) + static_cast<double>(ahead) * stats_.last_iter_s, pipeline_->decided_for(s.it));
   for (int r = 0; r < R_; ++r) {
     const float* slot = buf_->slot(r);
     auto& w = report.workers[r];
@@ -198,7 +189,7 @@ void Trainer::sgd_step(Step& s) {
   // Last in the iteration, so that in host/node-shared mode its barrier is the moment the node's ranks start
   // the next step.
   engine_->sgd_step(buf_->data(), X_, schedule_->lr_at(s.it));
-  // The metric slots and lag-1 batch slots ride in the allreduce: charge their share of it as coordination.
+  // The metric slots and batch slots ride in the allreduce: charge their share of it as coordination.
   s.coord_s +=
       s.allreduce_s * static_cast<double>(buf_->coordination_floats()) / static_cast<double>(buf_->size());
 }
@@ -225,8 +216,7 @@ IterationContext Trainer::end_iteration(Step& s) {
   c.coord_s = s.coord_s;
   if (root_) {
     c.predicted = stats_.predicted;
-    // Predictions made now are for the iteration they decided (next one with lag 0, the one after with lag
-    // 1).
+    // The predictions of the decision that made the next iteration's vector.
     auto p = manager_->predicted_speeds();
     if (!p.empty()) stats_.predicted = std::move(p);
   }
@@ -252,7 +242,7 @@ int Trainer::finish(int64_t it) {
   c.exit_status = stop_sig_ != 0 && it < total_ ? 128 + stop_sig_ : 0;
   c.t0 = t0_;
   c.stats = &stats_;
-  for (auto& h : hooks_) h->on_train_end(c);
+  hooks_.on_train_end(c);
   return c.exit_status;
 }
 
@@ -280,7 +270,7 @@ TrainState Trainer::snapshot(int64_t next_iteration) {
   st.params = params_;
   st.velocity = sgd_->velocity();
   st.batch = batch_;
-  if (cfg_.lag == 1) st.pending = manager_->settle();  // the decision in flight belongs to the state
+  st.pending = manager_->settle();  // the decisions made ahead belong to the state
   st.balancer_state = manager_->balancer().save_state();
   st.stats = stats_.to_json(run_log_ ? run_log_->io_s() : 0.0);
   st.optimizer = optimizer_;

@@ -51,7 +51,7 @@ struct TrainConfig {
   std::string balancer = "bsp";
   std::string predictor = "narx";
   int64_t min_batch = 0;
-  int lag = 0;
+  int lag = 0;  // a decision after iteration t is for iteration t + 1 + lag
   std::string straggle = "none";
   std::string log_dir;
   std::string config_toml;  // the run's flags as a `--config` file; written to log_dir/config.toml when set
@@ -80,6 +80,7 @@ struct TrainConfig {
 // written. (1 on ranks other than 0 after a set-up error, which rank 0 reports by aborting the job.)
 int run_training(const TrainConfig& cfg, Comm& comm);
 
+class BatchPipeline;
 class BatchSizeManager;
 class ResourceMonitor;
 class StepEngine;
@@ -155,6 +156,7 @@ class Trainer {
   std::unique_ptr<Straggler> straggler_;
   std::vector<int64_t> caps_;                  // most samples each rank may take
   std::unique_ptr<BatchSizeManager> manager_;  // rank 0
+  std::unique_ptr<BatchPipeline> pipeline_;    // every rank: the lag
   std::vector<int64_t> batch_;                 // this iteration's batch vector
   std::unique_ptr<RunLog> run_log_;            // rank 0 with --log-dir or --timeline
   std::unique_ptr<ReductionBuffer> buf_;

@@ -18,6 +18,7 @@
 #endif
 #include "models/optimizer.hpp"
 #include "runtime/batch_manager.hpp"
+#include "runtime/batch_pipeline.hpp"
 #include "runtime/dataset.hpp"
 #include "runtime/monitor.hpp"
 #include "runtime/step_engine.hpp"
@@ -75,10 +76,10 @@ bool Trainer::set_up() {
 void Trainer::check_config() const {
   const TrainConfig& cfg = cfg_;
   if (cfg.global_batch < 1) throw std::invalid_argument("--global-batch must be >= 1");
-  check_float_exact(cfg.global_batch, "--global-batch");  // counts and lag-1 batch sizes ride in float slots
+  check_float_exact(cfg.global_batch, "--global-batch");  // counts and batch sizes ride in float slots
   if (cfg.epochs < 1) throw std::invalid_argument("--epochs must be >= 1");
   if (cfg.threads < 1) throw std::invalid_argument("--threads must be >= 1");
-  if (cfg.lag != 0 && cfg.lag != 1) throw std::invalid_argument("--lag must be 0 or 1");
+  if (cfg.lag < 0) throw std::invalid_argument("--lag must be >= 0");
   if (!(cfg.lr > 0) || !std::isfinite(cfg.lr)) throw std::invalid_argument("--lr must be a positive number");
   if (cfg.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 1");
   if (cfg.checkpoint_keep < 1) throw std::invalid_argument("--checkpoint-keep must be >= 1");
@@ -207,6 +208,7 @@ bool Trainer::make_balancer() {
     return false;
   }
   comm_.bcast(batch_.data(), R_);
+  pipeline_ = std::make_unique<BatchPipeline>(cfg_.lag, manager_.get());
   return true;
 }
 
@@ -323,7 +325,7 @@ void Trainer::restore_balancer(const TrainState& st, const std::string& used, bo
       manager_->balancer().load_state(st.balancer_state);
       batch_ = st.batch;
       manager_->check(batch_);
-      if (!st.pending.empty()) manager_->restore_pending(st.pending);
+      manager_->restore_pending(st.pending);  // the lag's decisions made ahead
       if (static_cast<int>(predicted.size()) == R_) stats_.predicted = predicted;
     } catch (const std::exception& e) {
       throw std::invalid_argument("--resume: checkpoint '" + used + "': balancer state: " + e.what());
@@ -360,22 +362,37 @@ void Trainer::make_engine() {
 
 // The hooks in the order of their side effects at the end of an iteration: telemetry rows and timeline,
 // evaluation (and its line), checkpoint, progress line, stop message; at the end the logs' flush, then the
-// summary.
+// summary. The `after` lists are the orders that matter.
 void Trainer::make_hooks() {
-  auto add = [this](std::unique_ptr<TrainHook> h) {
-    if (h) hooks_.push_back(std::move(h));
-  };
-  add(make_fault_hook(fault_, me_, *watchdog_));
-  if (run_log_) add(make_telemetry_hook(*run_log_, R_));
-  add(make_evaluation_hook({&cfg_, engine_.get(), test_.get(), n_test_, &comm_, watchdog_.get(), &stats_,
-                            per_epoch_, total_, tty_}));
-  if (!cfg_.checkpoint_dir.empty())
-    add(make_checkpoint_hook(cfg_, *watchdog_, root_, ckpt_id_,
-                             [this](int64_t next) { return snapshot(next); }));
+  hooks_ = Hooks(watchdog_.get());
+  hooks_.add(make_fault_hook(fault_, me_, *watchdog_));
+  if (run_log_) hooks_.add(make_telemetry_hook(*run_log_, R_));
+  hooks_.add(make_evaluation_hook({.cfg = &cfg_,
+                                   .engine = engine_.get(),
+                                   .test = test_.get(),
+                                   .test_rows = n_test_,
+                                   .comm = &comm_,
+                                   .watchdog = watchdog_.get(),
+                                   .stats = &stats_,
+                                   .per_epoch = per_epoch_,
+                                   .total = total_,
+                                   .tty = tty_}));
+  if (!cfg_.checkpoint_dir.empty())  // after the evaluation: the statistics it saves hold this one's accuracy
+    hooks_.add(make_checkpoint_hook(cfg_, *watchdog_, root_, ckpt_id_,
+                                    [this](int64_t next) { return snapshot(next); }),
+               {"evaluation"});
   if (!root_) return;
-  if (!cfg_.quiet) add(make_progress_hook(cfg_, R_, total_, tty_));
-  add(make_stop_message_hook(cfg_, total_));
-  add(make_summary_hook({&cfg_, model_.get(), &params_, R_, per_epoch_, engine_->mode(), run_log_.get()}));
+  if (!cfg_.quiet) hooks_.add(make_progress_hook({.cfg = &cfg_, .ranks = R_, .total = total_, .tty = tty_}));
+  hooks_.add(make_stop_message_hook(cfg_, total_), {"checkpoint"});  // it names the checkpoint written
+  // After the telemetry's flush (the run log's I/O time) and the final evaluation (the test accuracy).
+  hooks_.add(make_summary_hook({.cfg = &cfg_,
+                                .model = model_.get(),
+                                .params = &params_,
+                                .ranks = R_,
+                                .per_epoch = per_epoch_,
+                                .step_mode = engine_->mode(),
+                                .log = run_log_.get()}),
+             {"telemetry", "evaluation"});
 }
 
 }  // namespace lbbsp::runtime

@@ -58,6 +58,10 @@ assert open(d + "/run/telemetry.csv").readline().startswith("iteration,rank,batc
 s = json.load(open(d + "/lb.json"))
 assert s["balancer"] == "lbbsp-cpu" and s["predictor"] == "ema" and s["ranks"] == 4
 assert 0 < s["io_s"] < s["wall_s"], s["io_s"]  # rank 0's logging time, outside the iteration times
+# Rank 0's hooks with their times: the telemetry (rows, timeline, the final flush) is there and
+# took time; progress is absent under --quiet; the summary does not time itself.
+assert set(s["hook_s"]) == {"telemetry", "evaluation", "stop message"}, s["hook_s"]
+assert 0 < s["hook_s"]["telemetry"] < s["wall_s"] and s["hook_s"]["evaluation"] > 0, s["hook_s"]
 assert any(e.get("tid") == "io" and e["pid"] == 0 for e in t), "no io slice for the final telemetry flush"
 print("balanced run ok")
 PY
@@ -121,6 +125,6 @@ printf 'time_s,capacity\n0,0.5\n1,abc\n' >"$SCRATCH/bad.csv"
 expect_fail "bad.csv.*(line 3|:3)" "$LBBSP" "${T[@]}" --straggle "trace:$SCRATCH/bad.csv"
 expect_fail "predictor|unknown" "$LBBSP" "${T[@]}" --balancer lbbsp-cpu --predictor crystal-ball
 expect_fail "lr-schedule|schedule" "$LBBSP" "${T[@]}" --lr-schedule wobbly
-expect_fail "lag: Value 2 not in range" "$LBBSP" "${T[@]}" --lag 2
+expect_fail "lag: -1 must be >= 0" "$LBBSP" "${T[@]}" --lag -1
 expect_fail "summary-json: cannot write" "$LBBSP" "${T[@]}" --summary-json /nonexistent/dir/s.json
 echo "train tests passed"
