@@ -1,6 +1,7 @@
 // Batch-size balancers: consume one report per iteration for all workers, return the next batch vector.
 // Pure C++ (no MPI, no I/O); the runtime's BatchSizeManager on rank 0 and the simulator drive them alike.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -73,5 +74,13 @@ class Balancer {
 
 // Throws std::invalid_argument naming the bad name or value.
 std::unique_ptr<Balancer> make_balancer(const BalancerConfig& cfg);
+// The kinds make_balancer() knows (static:K, random:SEED, lbbsp-cpu:PREDICTOR, lbbsp-gpu:W take arguments):
+// the one list (the Python package reads it).
+const std::vector<std::string>& balancer_kinds();
+
+// The exogenous inputs `lbbsp train` and lbbsp.torch measure on every rank (runtime/monitor.hpp), in the
+// order of WorkerReport::exo; the first is capacity-like (BalancerConfig::capacity_exo).
+inline constexpr std::array<const char*, 3> kRankExo = {"cpu_avail", "mem_avail", "load"};
+inline constexpr int kRankCapacityExo = 0;
 
 }  // namespace lbbsp::balancer

@@ -15,8 +15,6 @@
 namespace lbbsp::balancer {
 namespace {
 
-constexpr const char* kKinds[] = {"bsp",       "static",          "random", "lbbsp-cpu",
-                                  "lbbsp-gpu", "lbbsp-gpu-model", "oracle"};
 constexpr const char* kValidBalancers =
     "valid: bsp, static[:K], random[:SEED], lbbsp-cpu[:PREDICTOR], lbbsp-gpu[:W], lbbsp-gpu-model, oracle";
 
@@ -53,11 +51,18 @@ void check_config(const BalancerConfig& cfg) {
 
 }  // namespace
 
+const std::vector<std::string>& balancer_kinds() {
+  static const std::vector<std::string> kinds = {"bsp",       "static",          "random", "lbbsp-cpu",
+                                                 "lbbsp-gpu", "lbbsp-gpu-model", "oracle"};
+  return kinds;
+}
+
 std::unique_ptr<Balancer> make_balancer(const BalancerConfig& cfg) {
   check_config(cfg);
   const spec::Spec spec(cfg.name, "balancer", kValidBalancers);
   const std::string& kind = spec.kind();
-  if (std::find(std::begin(kKinds), std::end(kKinds), kind) == std::end(kKinds))
+  const auto& kinds = balancer_kinds();
+  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
     spec.fail("unknown balancer '" + cfg.name + "'");
   spec.expect_no_options();
   if (kind == "bsp") return spec.expect_no_args(), detail::make_bsp(cfg);

@@ -1,5 +1,6 @@
 // make_predictor: parses "last", "ema[:ALPHA]", "arima[:P,D,Q[,window=N]]", "narx[:key=value,...]", "oracle"
 // with the shared spec parser (common/spec.hpp).
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -97,7 +98,8 @@ std::unique_ptr<Predictor> make_narx(const spec::Spec& spec, int num_exo, uint64
 
 std::unique_ptr<Predictor> make_kind(const spec::Spec& spec, int num_exo, uint64_t seed) {
   const std::string& kind = spec.kind();
-  if (kind != "last" && kind != "oracle" && kind != "ema" && kind != "arima" && kind != "narx")
+  const auto& kinds = predictor_kinds();
+  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
     spec.fail("unknown predictor '" + kind + "'");
   spec.expect_no_options();  // no predictor takes ;KEY=VALUE options
   if (kind == "last") return spec.expect_no_args(), std::make_unique<LastPredictor>();
@@ -108,6 +110,11 @@ std::unique_ptr<Predictor> make_kind(const spec::Spec& spec, int num_exo, uint64
 }
 
 }  // namespace
+
+const std::vector<std::string>& predictor_kinds() {
+  static const std::vector<std::string> kinds = {"last", "ema", "arima", "narx", "oracle"};
+  return kinds;
+}
 
 std::unique_ptr<Predictor> make_predictor(const std::string& text, int num_exo, uint64_t seed) {
   const spec::Spec spec(text, "predictor", valid_specs());

@@ -32,5 +32,7 @@ class Predictor {
 // num_exo: length of the exogenous vectors this worker will report. Throws std::invalid_argument naming the
 // spec.
 std::unique_ptr<Predictor> make_predictor(const std::string& spec, int num_exo, uint64_t seed);
+// The kinds make_predictor() knows, in the order of its help: the one list (the Python package reads it).
+const std::vector<std::string>& predictor_kinds();
 
 }  // namespace lbbsp::predictors

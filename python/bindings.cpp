@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "lbbsp/core.hpp"
+#include "runtime/monitor.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -147,6 +148,26 @@ void bind_sampling(nb::module_& m) {
       "speeds"_a, "global_batch"_a, "min"_a, "max"_a);
 }
 
+// The names and inputs the Python layer must agree with the C++ on: read from here, never copied.
+void bind_names(nb::module_& m) {
+  namespace lb = lbbsp::balancer;
+  m.def("balancer_kinds", &lb::balancer_kinds);
+  m.def("predictor_kinds", &lbbsp::predictors::predictor_kinds);
+  m.attr("RANK_EXO") = std::vector<std::string>(lb::kRankExo.begin(), lb::kRankExo.end());
+  m.attr("RANK_CAPACITY_EXO") = lb::kRankCapacityExo;
+}
+
+// The runtime's /proc monitor (runtime/monitor.cpp), so that lbbsp.torch measures exactly as `lbbsp train`.
+void bind_monitor(nb::module_& m) {
+  using lbbsp::runtime::ResourceMonitor;
+  nb::class_<ResourceMonitor>(m, "ResourceMonitor")
+      .def(nb::init<>())
+      .def("sample", [](ResourceMonitor& monitor) {
+        const auto s = monitor.sample();
+        return std::vector<double>{s.cpu_avail, s.mem_avail, s.load};  // in RANK_EXO's order
+      });
+}
+
 }  // namespace
 
 NB_MODULE(_lbbsp, m) {
@@ -158,4 +179,6 @@ NB_MODULE(_lbbsp, m) {
   bind_balancer(m);
   bind_predictor(m);
   bind_sampling(m);
+  bind_names(m);
+  bind_monitor(m);
 }

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "balancer/balancer.hpp"
 #include "predictors/predictor.hpp"
 
 namespace lbbsp::runtime {
@@ -172,9 +173,9 @@ std::vector<EvalSeries> series_from_telemetry(const std::string& run_dir, Teleme
   auto iteration = read_column<int64_t>(g.id, "iteration", H5T_NATIVE_INT64, file);
   auto rank = read_column<int32_t>(g.id, "rank", H5T_NATIVE_INT32, file);
   auto speed = read_column<double>(g.id, "actual_speed", H5T_NATIVE_DOUBLE, file);
-  const char* exo_names[] = {"cpu_avail", "mem_avail", "load"};
-  std::vector<std::vector<double>> exo;
-  for (const char* name : exo_names) exo.push_back(read_column<double>(g.id, name, H5T_NATIVE_DOUBLE, file));
+  std::vector<std::vector<double>> exo;  // telemetry's columns of the rank's exogenous inputs
+  for (const char* name : balancer::kRankExo)
+    exo.push_back(read_column<double>(g.id, name, H5T_NATIVE_DOUBLE, file));
   const size_t n = iteration.size();
   bool equal = rank.size() == n && speed.size() == n;
   for (auto& column : exo) equal = equal && column.size() == n;
@@ -188,16 +189,16 @@ std::vector<EvalSeries> series_from_telemetry(const std::string& run_dir, Teleme
     EvalSeries s;
     s.family = "telemetry";
     s.source = file + "#rank" + std::to_string(r);
-    s.num_exo = 3;
+    s.num_exo = static_cast<int>(exo.size());
     for (size_t j = 0; j < rows.size(); ++j) {
       s.speed.push_back(speed[rows[j]]);
-      for (int k = 0; k < 3; ++k) s.exo.push_back(exo[k][rows[j]]);
+      for (const auto& column : exo) s.exo.push_back(column[rows[j]]);
       if (mode == TelemetryExo::kBarrier) {
         // Measured at the barrier after iteration j: the newest values known before iteration j+1.
-        for (int k = 0; k < 3; ++k) s.exo_next.push_back(exo[k][rows[j]]);
+        for (const auto& column : exo) s.exo_next.push_back(column[rows[j]]);
       } else {
         // The next row's values, known before the next iteration by that convention.
-        for (int k = 0; k < 3; ++k) s.exo_next.push_back(j + 1 < rows.size() ? exo[k][rows[j + 1]] : NAN);
+        for (const auto& column : exo) s.exo_next.push_back(j + 1 < rows.size() ? column[rows[j + 1]] : NAN);
       }
     }
     out.push_back(std::move(s));

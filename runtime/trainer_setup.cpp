@@ -187,8 +187,9 @@ bool Trainer::make_balancer() {
   bc.workers = R_;
   bc.global_batch = X_;
   bc.min_batch = cfg_.min_batch;
-  bc.num_exo = 3;       // cpu_avail, mem_avail, load
-  bc.capacity_exo = 0;  // cpu_avail: the share of this rank's CPUs left by co-tenants
+  bc.num_exo = static_cast<int>(balancer::kRankExo.size());  // cpu_avail, mem_avail, load (the slot's order)
+  bc.capacity_exo =
+      balancer::kRankCapacityExo;  // cpu_avail: the share of this rank's CPUs left by co-tenants
   if (*std::min_element(caps_.begin(), caps_.end()) < std::numeric_limits<int64_t>::max()) bc.mem_cap = caps_;
   bc.seed = cfg_.seed;
   batch_.assign(R_, 0);

@@ -35,13 +35,20 @@ __all__ = [
     "assign_by_speed",
     "BALANCERS",
     "PREDICTORS",
+    "RANK_EXO",
+    "RANK_CAPACITY_EXO",
     "__version__",
 ]
 
-#: Balancer names (``static:K``, ``random:SEED``, ``lbbsp-cpu:PREDICTOR_SPEC``, ``lbbsp-gpu:W`` take arguments).
-BALANCERS = ("bsp", "static", "random", "lbbsp-cpu", "lbbsp-gpu", "lbbsp-gpu-model", "oracle")
-#: Predictor names (``ema:ALPHA``, ``arima:P,D,Q``, ``narx:key=value,...`` take arguments).
-PREDICTORS = ("last", "ema", "arima", "narx", "oracle")
+#: Balancer names (``static:K``, ``random:SEED``, ``lbbsp-cpu:PREDICTOR_SPEC``, ``lbbsp-gpu:W`` take arguments),
+#: as the C++ core knows them.
+BALANCERS = tuple(_lbbsp.balancer_kinds())
+#: Predictor names (``ema:ALPHA``, ``arima:P,D,Q``, ``narx:key=value,...`` take arguments), from the C++ core.
+PREDICTORS = tuple(_lbbsp.predictor_kinds())
+#: The exogenous inputs ``lbbsp train`` and :mod:`lbbsp.torch` measure on every rank, in ``exo``'s order; the first
+#: (``RANK_EXO[RANK_CAPACITY_EXO]``) is the capacity-like CPU share.
+RANK_EXO = tuple(_lbbsp.RANK_EXO)
+RANK_CAPACITY_EXO: int = _lbbsp.RANK_CAPACITY_EXO
 
 
 # ---- argument checks: every bad input is a ValueError or TypeError that names the argument ----

@@ -217,6 +217,44 @@ def test_predicted_speeds():
     assert lbbsp.Balancer("bsp", workers=3, global_batch=90).predicted_speeds().size == 0
 
 
+# ---- one table of names: the package reads them, and the /proc monitor, from the C++ core ----
+
+
+def test_names_come_from_the_core():
+    from lbbsp import _lbbsp
+    assert lbbsp.BALANCERS == tuple(_lbbsp.balancer_kinds()) and lbbsp.PREDICTORS == tuple(_lbbsp.predictor_kinds())
+    for name in lbbsp.BALANCERS:  # every listed kind builds with its default arguments
+        assert lbbsp.Balancer(name, workers=2, global_batch=8).initial().sum() == 8
+    for name in lbbsp.PREDICTORS:
+        lbbsp.Predictor(name, num_exo=len(lbbsp.RANK_EXO))
+    # What `lbbsp train` writes in telemetry and lbbsp.torch sends in its reports, in this order.
+    assert lbbsp.RANK_EXO == ("cpu_avail", "mem_avail", "load") and lbbsp.RANK_CAPACITY_EXO == 0
+
+
+def _pin(cpus):
+    os.sched_setaffinity(0, cpus)
+
+
+def test_monitor_sees_another_process_on_the_pinned_cpu():
+    from lbbsp import _lbbsp
+    cpus = sorted(os.sched_getaffinity(0))
+    try:
+        _pin({cpus[0]})
+        m = _lbbsp.ResourceMonitor()
+        m.sample()
+        pid = os.fork()
+        if pid == 0:  # the co-tenant: spins on our CPU for 0.4 s of its own CPU time
+            while os.times().user + os.times().system < 0.4:
+                pass
+            os._exit(0)
+        os.waitpid(pid, 0)
+        cpu, mem, load = m.sample()
+        assert cpu < 0.5, cpu
+        assert 0 < mem <= 1 and load >= 0, (mem, load)
+    finally:
+        _pin(set(cpus))
+
+
 # ---- bad input: an exception naming the argument, never a crash ----
 
 

@@ -123,6 +123,14 @@ def assert_equal_to_one_process(ref, rank_files):
         assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
 
 
+def test_monitor_is_the_runtimes():
+    """lbbsp.torch measures with the C++ runtime's /proc monitor (the same code as `lbbsp train`)."""
+    m = lbbsp.torch.ResourceMonitor()
+    assert isinstance(m._monitor, lbbsp._lbbsp.ResourceMonitor)
+    cpu, mem, load = m.sample()
+    assert 0 <= cpu <= 1 and 0 < mem <= 1 and load >= 0, (cpu, mem, load)
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_exact_against_one_process(tmp_path, world):
     steps, X = 20, 24  # 10 steps per epoch: two epochs

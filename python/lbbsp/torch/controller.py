@@ -89,7 +89,7 @@ class LoadBalancer:
         # holds the same state); the reports travel in gloo groups of their own (ReportExchange).
         self._balancer_args = dict(name=balancer, workers=self.world_size, global_batch=self.global_batch,
                                    predictor=predictor, seed=self.seed, min_batch=min_batch, num_exo=EXO,
-                                   capacity_exo=0)
+                                   capacity_exo=lbbsp.RANK_CAPACITY_EXO)
         self._balancer = lbbsp.Balancer(**self._balancer_args)
         self._exchange = ReportExchange(self._ranks, self.rank, self.timeout_s)
         self.steps_per_epoch = lbbsp.steps_per_epoch(self.dataset_size, self.global_batch)

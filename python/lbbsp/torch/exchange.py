@@ -13,7 +13,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-EXO = 3  # cpu_avail, mem_avail, load: what the C++ runtime reports (runtime/monitor.cpp)
+from .. import RANK_EXO
+
+EXO = len(RANK_EXO)  # cpu_avail, mem_avail, load: what the C++ runtime reports, in its order
 # batch, compute seconds, exo..., memory cap, status (0 ok, 1 this rank failed), checksum of the batch vector
 REPORT = 2 + EXO + 3
 STATUS, CHECKSUM = REPORT - 2, REPORT - 1
