@@ -20,16 +20,22 @@ struct TimeCurve {
   }
 };
 
+// Emulation only: what an emulated cluster (`lbbsp train --straggle`, the simulator) knows of a worker and a
+// real one never does. Only the oracle balancer and the oracle predictor read it; NaN / a zero curve when
+// unknown, as on every real cluster.
+struct EmulationTruth {
+  double capacity = std::numeric_limits<double>::quiet_NaN();       // this iteration's capacity factor
+  double capacity_next = std::numeric_limits<double>::quiet_NaN();  // the iteration decided for
+  TimeCurve curve_next;                                             // its GPU profile
+};
+
 struct WorkerReport {
   int64_t batch = 0;             // samples processed this iteration
   double compute_s = 0.0;        // compute time (excluding waiting)
   std::vector<double> exo;       // exogenous metrics measured for this iteration (cpu avail, mem avail, ...)
   std::vector<double> exo_next;  // exogenous inputs already known for the coming iteration (may be empty)
   int64_t mem_cap = std::numeric_limits<int64_t>::max();  // most samples this worker can hold
-  // Emulation ground truth, used by the oracle only (NaN / zero curve when unknown):
-  double capacity = std::numeric_limits<double>::quiet_NaN();       // this iteration's capacity factor
-  double capacity_next = std::numeric_limits<double>::quiet_NaN();  // the coming iteration's
-  TimeCurve curve_next;                                             // GPU profile of the coming iteration
+  EmulationTruth truth;                                   // emulation only (above)
 };
 
 struct IterationReport {

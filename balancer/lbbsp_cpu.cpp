@@ -67,10 +67,11 @@ class LbbspCpuBalancer final : public BalancerBase {
       if (i + 2 < n()) predictors_[i + 2]->prefetch();
       const WorkerReport& w = report.workers[i];
       predictors_[i]->observe(speeds[i], fit_exo(w.exo, cfg_.num_exo));
-      if (!std::isnan(speeds[i]) && std::isfinite(w.capacity) && w.capacity > 0)
-        base_speed_[i] = speeds[i] / w.capacity;
-      if (std::isfinite(base_speed_[i]) && std::isfinite(w.capacity_next) && w.capacity_next > 0)
-        predictors_[i]->set_truth(base_speed_[i] * w.capacity_next);  // only the oracle predictor listens
+      if (!std::isnan(speeds[i]) && std::isfinite(w.truth.capacity) && w.truth.capacity > 0)
+        base_speed_[i] = speeds[i] / w.truth.capacity;
+      if (std::isfinite(base_speed_[i]) && std::isfinite(w.truth.capacity_next) && w.truth.capacity_next > 0)
+        predictors_[i]->set_truth(base_speed_[i] *
+                                  w.truth.capacity_next);  // only the oracle predictor listens
       const bool exo_next_known = static_cast<int>(w.exo_next.size()) == cfg_.num_exo && cfg_.num_exo > 0;
       predicted_[i] =
           predictors_[i]->predict(exo_next_known ? fit_exo(w.exo_next, cfg_.num_exo) : std::vector<double>{});

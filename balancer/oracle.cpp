@@ -29,22 +29,22 @@ class OracleBalancer final : public BalancerBase {
       const double s = measured_speed(w);
       if (!std::isnan(s)) {
         last_speed_[i] = s;
-        if (std::isfinite(w.capacity) && w.capacity > 0) base_speed_[i] = s / w.capacity;
+        if (std::isfinite(w.truth.capacity) && w.truth.capacity > 0) base_speed_[i] = s / w.truth.capacity;
       }
       const bool know_next =
-          std::isfinite(base_speed_[i]) && std::isfinite(w.capacity_next) && w.capacity_next > 0;
-      next_speed_[i] = know_next ? base_speed_[i] * w.capacity_next : last_speed_[i];
-      any_curve = any_curve || curve_is_set(w.curve_next);
+          std::isfinite(base_speed_[i]) && std::isfinite(w.truth.capacity_next) && w.truth.capacity_next > 0;
+      next_speed_[i] = know_next ? base_speed_[i] * w.truth.capacity_next : last_speed_[i];
+      any_curve = any_curve || curve_is_set(w.truth.curve_next);
     }
     const BatchBounds bounds = bounds_for(&report);
     if (!any_curve) return assign_by_speed(next_speed_, cfg_.global_batch, bounds);
     std::vector<TimeCurve> curves = curves_from_speeds(next_speed_);
     for (size_t i = 0; i < n(); ++i)
-      if (curve_is_set(report.workers[i].curve_next)) curves[i] = report.workers[i].curve_next;
+      if (curve_is_set(report.workers[i].truth.curve_next)) curves[i] = report.workers[i].truth.curve_next;
     std::vector<int64_t> batch = assign_by_curve(curves, cfg_.global_batch, bounds);
     for (size_t i = 0; i < n(); ++i) {
       const double t = curves[i].time(static_cast<double>(batch[i]));
-      if (curve_is_set(report.workers[i].curve_next))
+      if (curve_is_set(report.workers[i].truth.curve_next))
         next_speed_[i] = batch[i] > 0 && t > 0 ? batch[i] / t : kNaN;
     }
     return batch;

@@ -76,10 +76,10 @@ void BM_BalancerNext(benchmark::State& state, const std::string& name, bool gpu)
       w.compute_s = gpu ? curves[i].time(static_cast<double>(batch[i])) / cap
                         : static_cast<double>(batch[i]) / (speeds[i] * cap);
       w.exo.assign(1, cap);
-      w.capacity = cap;
-      w.capacity_next = cap;
+      w.truth.capacity = cap;
+      w.truth.capacity_next = cap;
       w.mem_cap = gpu ? 64 : w.mem_cap;
-      if (gpu) w.curve_next = curves[i];
+      if (gpu) w.truth.curve_next = curves[i];
     }
     batch = bal->next(report);
     benchmark::DoNotOptimize(batch.data());

@@ -21,11 +21,13 @@ class Predictor {
   // thousands of workers does not fit in cache; a caller looping over them prefetches the next one).
   // Changes nothing observable.
   virtual void prefetch() const {}
-  // Oracle only: the true speed of the coming step (others ignore it).
-  virtual void set_truth(double /*next_speed*/) {}
   // Opaque state for checkpoints: restore(save()) continues identically.
   virtual std::string save_state() const = 0;
   virtual void load_state(const std::string& state) = 0;
+
+  // ---- emulation only (balancer::EmulationTruth): never called on a real cluster ----
+  // The true speed of the coming step; only the oracle predictor listens.
+  virtual void set_truth(double /*next_speed*/) {}
 };
 
 // spec: "last", "ema[:ALPHA]", "arima[:P,D,Q]", "narx[:key=value,...]", "oracle".

@@ -64,8 +64,8 @@ IterationReport make_report(int64_t iteration, const I64Array& batch, const F64A
     w.exo.assign(exo.data() + i * k, exo.data() + (i + 1) * k);
     w.exo_next.assign(exo_next.data() + i * k_next, exo_next.data() + (i + 1) * k_next);
     if (mem_cap.shape(0)) w.mem_cap = mem_cap(i);
-    if (capacity.shape(0)) w.capacity = capacity(i);
-    if (capacity_next.shape(0)) w.capacity_next = capacity_next(i);
+    if (capacity.shape(0)) w.truth.capacity = capacity(i);
+    if (capacity_next.shape(0)) w.truth.capacity_next = capacity_next(i);
   }
   return r;
 }

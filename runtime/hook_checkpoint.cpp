@@ -19,7 +19,7 @@ class CheckpointHook : public TrainHook {
       : cfg_(cfg), watchdog_(watchdog), root_(root), id_(std::move(id)), snapshot_(std::move(snapshot)) {}
 
   void on_iteration_end(const IterationContext& c) override {
-    const bool due = cfg_.checkpoint_every > 0 && (c.iteration + 1) % cfg_.checkpoint_every == 0;
+    const bool due = cfg_.checkpoint.every > 0 && (c.iteration + 1) % cfg_.checkpoint.every == 0;
     if (!(due || c.last || c.stopping)) return;
     watchdog_.beat(c.iteration, "checkpoint");
     if (root_) save(c.iteration + 1);
@@ -31,7 +31,7 @@ class CheckpointHook : public TrainHook {
   void save(int64_t next_iteration) {
     const TrainState st = snapshot_(next_iteration);
     try {
-      write_checkpoint(cfg_.checkpoint_dir, id_, st, cfg_.checkpoint_keep);
+      write_checkpoint(cfg_.checkpoint.dir, id_, st, cfg_.checkpoint.keep);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "lbbsp: warning: checkpoint at iteration %lld not written: %s\n",
                    static_cast<long long>(next_iteration), e.what());

@@ -48,20 +48,21 @@ class EvaluationHook : public TrainHook {
   void on_iteration_end(const IterationContext& c) override {
     const TrainConfig& cfg = *s_.cfg;
     const int64_t done = c.iteration + 1;
-    if (!((cfg.eval_every > 0 ? done % cfg.eval_every == 0 : c.epoch_end) || c.last)) return;
+    if (!((cfg.evaluation.every > 0 ? done % cfg.evaluation.every == 0 : c.epoch_end) || c.last)) return;
     s_.watchdog->beat(c.iteration, "evaluation");
     const EvalResult ev = evaluate(*s_.engine, *s_.test, s_.test_rows, *s_.comm);
     RunStats& st = *s_.stats;
     st.last_test_acc = ev.accuracy;
     st.last_test_loss = ev.loss;
-    if (cfg.target_accuracy > 0 && st.time_to_target < 0 && ev.accuracy >= cfg.target_accuracy)
+    if (cfg.evaluation.target_accuracy > 0 && st.time_to_target < 0 &&
+        ev.accuracy >= cfg.evaluation.target_accuracy)
       st.time_to_target = st.train_time;
     st.curve.push_back({{"iteration", done},
                         {"epoch", static_cast<double>(done) / s_.per_epoch},
                         {"train_time_s", st.train_time},
                         {"test_accuracy", ev.accuracy},
                         {"test_loss", ev.loss}});
-    if (!s_.comm->is_root() || cfg.quiet) return;
+    if (!s_.comm->is_root() || cfg.logging.quiet) return;
     if (s_.tty) std::printf("\n");
     std::printf("epoch %.2f  iteration %lld/%lld  train loss %.4f  test loss %.4f  test accuracy %.4f\n",
                 static_cast<double>(done) / s_.per_epoch, static_cast<long long>(done),

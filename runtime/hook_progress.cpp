@@ -31,7 +31,8 @@ class ProgressHook : public TrainHook {
       : ranks_(s.ranks),
         global_batch_(s.cfg->global_batch),
         total_(s.total),
-        every_(s.cfg->progress_every > 0 ? s.cfg->progress_every : std::max<int64_t>(1, s.total / 20)),
+        every_(s.cfg->logging.progress_every > 0 ? s.cfg->logging.progress_every
+                                                 : std::max<int64_t>(1, s.total / 20)),
         tty_(s.tty) {}
 
   void on_train_begin(const TrainContext& c) override { last_bar_ = c.t0; }

@@ -20,9 +20,9 @@ class StopMessageHook : public TrainHook {
     if (!c.stopping) return;
     std::fprintf(stderr, "lbbsp: %s: stopped after iteration %lld of %lld; %s\n", signal_name(c.stop_signal),
                  static_cast<long long>(c.iteration + 1), static_cast<long long>(total_),
-                 cfg_.checkpoint_dir.empty()
+                 cfg_.checkpoint.dir.empty()
                      ? "no --checkpoint-dir, so a new run starts from the beginning"
-                     : ("checkpoint in '" + cfg_.checkpoint_dir + "': continue with --resume").c_str());
+                     : ("checkpoint in '" + cfg_.checkpoint.dir + "': continue with --resume").c_str());
   }
 
  private:

@@ -44,13 +44,14 @@ class SummaryHook : public TrainHook {
   void on_train_end(const TrainEndContext& c) override {
     const TrainConfig& cfg = *s_.cfg;
     const nlohmann::json s = summary(c);
-    if (!cfg.summary_json.empty()) {
-      std::ofstream out(cfg.summary_json);
-      if (!out) throw std::runtime_error("--summary-json: cannot write '" + cfg.summary_json + "'");
+    if (!cfg.logging.summary_json.empty()) {
+      std::ofstream out(cfg.logging.summary_json);
+      if (!out) throw std::runtime_error("--summary-json: cannot write '" + cfg.logging.summary_json + "'");
       out << s.dump(2) << "\n";
     }
-    if (!cfg.save_params.empty()) save_params(cfg.save_params, *s_.model, *s_.params, cfg, c.iterations);
-    if (cfg.quiet) return;
+    if (!cfg.logging.save_params.empty())
+      save_params(cfg.logging.save_params, *s_.model, *s_.params, cfg, c.iterations);
+    if (cfg.logging.quiet) return;
     // A run stopped by a signal before its first evaluation has no accuracy to show (not "nan").
     char acc[64] = "no test evaluation yet";
     if (!std::isnan(c.stats->last_test_acc))
@@ -84,10 +85,10 @@ class SummaryHook : public TrainHook {
     s["train_loss"] = st.last_train_loss;
     s["test_loss"] = st.last_test_loss;
     s["test_accuracy"] = st.last_test_acc;
-    s["balancer"] = cfg.balancer;
-    s["predictor"] = cfg.balancer == "lbbsp-cpu" ? cfg.predictor : "";
-    s["straggle"] = cfg.straggle;
-    s["lag"] = cfg.lag;
+    s["balancer"] = cfg.balancing.balancer;
+    s["predictor"] = cfg.balancing.balancer == "lbbsp-cpu" ? cfg.balancing.predictor : "";
+    s["straggle"] = cfg.emulation.straggle;
+    s["lag"] = cfg.balancing.lag;
     s["device"] = enum_name(cfg.device);
     s["step_mode"] = s_.step_mode;
     s["mean_iteration_s"] = it ? train_time / it : 0.0;
@@ -96,7 +97,7 @@ class SummaryHook : public TrainHook {
     // Not in train_time: rank 0 writes between iterations, and the other ranks wait for it at the next
     // allreduce.
     s["io_s"] = st.io_before + (s_.log ? s_.log->io_s() : 0.0);
-    s["target_accuracy"] = cfg.target_accuracy;
+    s["target_accuracy"] = cfg.evaluation.target_accuracy;
     s["time_to_target_s"] =
         st.time_to_target >= 0 ? nlohmann::json(st.time_to_target) : nlohmann::json(nullptr);
     s["accuracy_curve"] = st.curve;

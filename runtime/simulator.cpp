@@ -115,7 +115,7 @@ void write_reports(std::ostream& out, const std::string& balancer, const balance
     const balancer::WorkerReport& w = report.workers[i];
     std::snprintf(buf, sizeof buf, ",%lld,%zu,%lld,%.17g,%.17g,%.17g,%lld\n",
                   static_cast<long long>(report.iteration), i, static_cast<long long>(w.batch), w.compute_s,
-                  w.exo[0], w.capacity_next, static_cast<long long>(w.mem_cap));
+                  w.exo[0], w.truth.capacity_next, static_cast<long long>(w.mem_cap));
     out << balancer << buf;
   }
 }
@@ -182,11 +182,11 @@ Run run_one(const SimulatorConfig& cfg, const Cluster& cluster, balancer::Balanc
       w.compute_s = compute[i];
       w.exo[0] = cap;  // CPU available during this iteration: known after it, never ahead
       if (cfg.exo_next) w.exo_next.assign(1, cap_next);
-      w.capacity = cap;
-      w.capacity_next = cap_next;
+      w.truth.capacity = cap;
+      w.truth.capacity_next = cap_next;
       if (gpu) {
         const TimeCurve& c = cluster.curve[i];
-        w.curve_next = TimeCurve{c.floor_s / cap_next, c.sat_batch, c.slope_s_per_sample / cap_next};
+        w.truth.curve_next = TimeCurve{c.floor_s / cap_next, c.sat_batch, c.slope_s_per_sample / cap_next};
       }
     }
     if (reports_out) write_reports(*reports_out, bal.name(), report);

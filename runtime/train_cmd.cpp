@@ -47,11 +47,11 @@ CLI::Option* add_enum_option(CLI::App* t, const std::string& flag, E& target, co
 void apply_model_defaults(CLI::App* t, runtime::TrainConfig& c) {
   const ModelDefaults d = model_defaults(c.model);
   if (auto* o = t->get_option("--lr"); o->count() == 0) {
-    c.lr = d.lr;
+    c.optimizer.lr = d.lr;
     o->default_str(CLI::detail::to_string(d.lr));
   }
   if (auto* o = t->get_option("--lr-schedule"); o->count() == 0) {
-    c.lr_schedule = d.lr_schedule;
+    c.optimizer.lr_schedule = d.lr_schedule;
     o->default_str(d.lr_schedule);
   }
   if (auto* o = t->get_option("--global-batch"); o->count() == 0) {
@@ -65,7 +65,7 @@ void apply_model_defaults(CLI::App* t, runtime::TrainConfig& c) {
 void add_train_command(CLI::App& app) {
   static runtime::TrainConfig c;
   auto* t = app.add_subcommand("train", "Train a model with synchronous data parallelism and load balancing");
-  t->add_option("--data", c.data, "HDF5 dataset (lbbsp data ...)")->required()->check(CLI::ExistingFile);
+  t->add_option("--data", c.data.path, "HDF5 dataset (lbbsp data ...)")->required()->check(CLI::ExistingFile);
   t->add_option("--model", c.model, "logreg | mlp | cnn")
       ->check(CLI::IsMember({"logreg", "mlp", "cnn"}))
       ->capture_default_str();
@@ -89,14 +89,17 @@ void add_train_command(CLI::App& app) {
   t->add_option("--global-batch", c.global_batch,
                 "Global batch X (sum of all ranks' batches) [default per model: logreg 256, mlp and cnn 64]")
       ->check(kPositive);
-  t->add_option("--lr", c.lr, "Learning rate [default per model: logreg 0.1, mlp and cnn 0.05]")
+  t->add_option("--lr", c.optimizer.lr, "Learning rate [default per model: logreg 0.1, mlp and cnn 0.05]")
       ->check(kPositive);
-  t->add_option("--momentum", c.momentum, "SGD momentum")
+  t->add_option("--momentum", c.optimizer.momentum, "SGD momentum")
       ->check(CLI::Range(0.0, 0.9999))
       ->capture_default_str();
-  t->add_option("--weight-decay", c.weight_decay, "Weight decay")->check(kNonNegative)->capture_default_str();
-  t->add_option("--lr-schedule", c.lr_schedule, "constant | step:EVERY:GAMMA | cosine [default: cosine]");
-  t->add_option("--warmup-iterations", c.warmup_iterations, "Linear learning-rate warm-up")
+  t->add_option("--weight-decay", c.optimizer.weight_decay, "Weight decay")
+      ->check(kNonNegative)
+      ->capture_default_str();
+  t->add_option("--lr-schedule", c.optimizer.lr_schedule,
+                "constant | step:EVERY:GAMMA | cosine [default: cosine]");
+  t->add_option("--warmup-iterations", c.optimizer.warmup_iterations, "Linear learning-rate warm-up")
       ->check(kNonNegative)
       ->capture_default_str();
   t->add_option("--seed", c.seed, "Seed (initialisation, data order, emulation)")
@@ -108,60 +111,64 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   t->add_option("--max-iterations", c.max_iterations, "Stop after K iterations (0: no limit)")
       ->check(kNonNegative);
-  t->add_option("--train-subset", c.train_subset, "Use only the first N training samples")
+  t->add_option("--train-subset", c.data.train_subset, "Use only the first N training samples")
       ->check(kNonNegative);
-  t->add_option("--test-subset", c.test_subset, "Evaluate on the first N test samples")->check(kNonNegative);
-  t->add_option("--data-memory-mb", c.data_memory_mb,
+  t->add_option("--test-subset", c.data.test_subset, "Evaluate on the first N test samples")
+      ->check(kNonNegative);
+  t->add_option("--data-memory-mb", c.data.memory_mb,
                 "Load a split into memory when it fits in this many MiB")
       ->capture_default_str();
-  t->add_option("--balancer", c.balancer,
+  t->add_option("--balancer", c.balancing.balancer,
                 "bsp | static[:K] | random:SEED | lbbsp-cpu | lbbsp-gpu | lbbsp-gpu-model | oracle")
       ->capture_default_str();
-  t->add_option("--predictor", c.predictor,
+  t->add_option("--predictor", c.balancing.predictor,
                 "Speed predictor for lbbsp-cpu: narx | arima | ema | last | oracle")
       ->capture_default_str();
-  t->add_option("--min-batch", c.min_batch, "Smallest batch any rank gets")->check(kNonNegative);
-  t->add_option("--lag", c.lag,
+  t->add_option("--min-batch", c.balancing.min_batch, "Smallest batch any rank gets")->check(kNonNegative);
+  t->add_option("--lag", c.balancing.lag,
                 "Iterations a decision runs ahead: 0 decides the next iteration's batch sizes after each "
                 "allreduce; L >= 1 decides the one L after it on a helper thread, overlapped with compute")
       ->check(kNonNegative)
       ->capture_default_str();
-  t->add_option("--straggle", c.straggle, "Straggler emulation spec (see README)")->capture_default_str();
-  t->add_option("--log-dir", c.log_dir, "Write per-iteration telemetry (telemetry.h5) here");
-  t->add_flag("--csv", c.csv, "Also write telemetry.csv in --log-dir");
-  t->add_option("--timeline", c.timeline, "Write a Chrome-trace/Perfetto JSON timeline");
-  t->add_option("--timeline-iterations", c.timeline_iterations,
+  t->add_option("--straggle", c.emulation.straggle, "Straggler emulation spec (see README)")
+      ->capture_default_str();
+  t->add_option("--log-dir", c.logging.log_dir, "Write per-iteration telemetry (telemetry.h5) here");
+  t->add_flag("--csv", c.logging.csv, "Also write telemetry.csv in --log-dir");
+  t->add_option("--timeline", c.logging.timeline, "Write a Chrome-trace/Perfetto JSON timeline");
+  t->add_option("--timeline-iterations", c.logging.timeline_iterations,
                 "FIRST:END: the timeline records only iterations FIRST .. END-1 (docs/telemetry.md)");
-  t->add_option("--summary-json", c.summary_json, "Write the run's summary as JSON");
-  t->add_option("--save-params", c.save_params, "Write the final parameters (HDF5, one dataset per tensor)");
+  t->add_option("--summary-json", c.logging.summary_json, "Write the run's summary as JSON");
+  t->add_option("--save-params", c.logging.save_params,
+                "Write the final parameters (HDF5, one dataset per tensor)");
   add_enum_option(t, "--bind", c.bind,
                   "core: bind each rank to its cores with hwloc; none: leave it to the launcher");
-  t->add_option("--inject-fault", c.inject_fault, "RANK:ITERATION:KIND (throw|abort|nan|hang), for tests");
+  t->add_option("--inject-fault", c.emulation.inject_fault,
+                "RANK:ITERATION:KIND (throw|abort|nan|hang), for tests");
   t->add_option("--iteration-timeout", c.iteration_timeout_s,
                 "End the job when a rank makes no progress this long (s)")
       ->check(kPositive)
       ->capture_default_str();
-  t->add_option("--eval-every", c.eval_every, "Evaluate every N iterations (0: after each epoch)")
+  t->add_option("--eval-every", c.evaluation.every, "Evaluate every N iterations (0: after each epoch)")
       ->check(kNonNegative);
-  t->add_option("--target-accuracy", c.target_accuracy,
+  t->add_option("--target-accuracy", c.evaluation.target_accuracy,
                 "Report the training time to reach this test accuracy")
       ->check(CLI::Range(0.0, 1.0));
-  t->add_option("--progress-every", c.progress_every, "Progress line every N iterations")
+  t->add_option("--progress-every", c.logging.progress_every, "Progress line every N iterations")
       ->check(kNonNegative);
-  t->add_flag("--quiet", c.quiet, "Print nothing but errors");
+  t->add_flag("--quiet", c.logging.quiet, "Print nothing but errors");
   t->add_option(
-      "--checkpoint-dir", c.checkpoint_dir,
+      "--checkpoint-dir", c.checkpoint.dir,
       "Write checkpoints (ckpt-<iteration>.h5) here, and at the end of the run; --resume reads them");
-  t->add_option("--checkpoint-every", c.checkpoint_every, "Checkpoint every N iterations")->check(kPositive);
-  t->add_option("--checkpoint-keep", c.checkpoint_keep, "Keep the newest K checkpoints")
+  t->add_option("--checkpoint-every", c.checkpoint.every, "Checkpoint every N iterations")->check(kPositive);
+  t->add_option("--checkpoint-keep", c.checkpoint.keep, "Keep the newest K checkpoints")
       ->check(kPositive)
       ->capture_default_str();
   t->add_flag(
-      "--resume", c.resume,
+      "--resume", c.checkpoint.resume,
       "Continue from the newest valid checkpoint in --checkpoint-dir (same model, global batch, data, seed; "
       "same --lr, --lr-schedule and its horizon, --warmup-iterations, --momentum, --weight-decay)");
   t->add_flag(
-      "--allow-optimizer-change", c.allow_optimizer_change,
+      "--allow-optimizer-change", c.checkpoint.allow_optimizer_change,
       "With --resume: continue although the learning rate, its schedule (a cosine's horizon follows "
       "--epochs and --max-iterations), warm-up, momentum or weight decay differ from the checkpoint's; "
       "each difference is printed");
@@ -176,12 +183,13 @@ void add_train_command(CLI::App& app) {
     apply_model_defaults(t, c);
     // Every flag's value as a --config file, for --log-dir: re-running with it reproduces the run.
     // Lines `key=""` are options left unset without a default (or set to ""): reading them back would fail.
-    c.config_toml = "# lbbsp " LBBSP_VERSION
-                    ": `lbbsp train --config THIS_FILE` repeats the run; flags given on the command line "
-                    "win\n[train]\n";
+    c.logging.config_toml =
+        "# lbbsp " LBBSP_VERSION
+        ": `lbbsp train --config THIS_FILE` repeats the run; flags given on the command line "
+        "win\n[train]\n";
     std::istringstream lines(t->config_to_str(true, false));
     for (std::string line; std::getline(lines, line);)
-      if (!line.ends_with("=\"\"")) c.config_toml += line + "\n";
+      if (!line.ends_with("=\"\"")) c.logging.config_toml += line + "\n";
     int status = 0;
     {
       int argc = 0;

@@ -13,10 +13,9 @@
 #include "runtime/batch_manager.hpp"
 #include "runtime/batch_pipeline.hpp"
 #include "runtime/dataset.hpp"
-#include "runtime/monitor.hpp"
+#include "runtime/rank_conditions.hpp"
 #include "runtime/step_engine.hpp"
 #include "runtime/stop_signal.hpp"
-#include "runtime/straggler.hpp"
 #include "runtime/telemetry.hpp"
 #include "runtime/watchdog.hpp"
 
@@ -52,11 +51,9 @@ int Trainer::run() {
     Step s = begin_iteration(it);  // the epoch's permutation, the clocks
     // -- slice: this rank's rows of the global batch
     slice(s);
-    // -- forward_backward: gradient sums of those rows into the buffer
+    // -- forward_backward: gradient sums of those rows into the buffer, and the compute time to report
     models::StepStats stats;
     forward_backward(s, stats);
-    // -- emulate: stretch the compute to what the straggler emulation says it takes
-    emulate(s);
     // -- fill slots: loss, correct, this rank's slot (and the next batch vector when rank 0 decided it ahead)
     fill_slots(s, stats);
     // -- allreduce: one sum of the whole buffer over all ranks
@@ -83,7 +80,7 @@ Trainer::Step Trainer::begin_iteration(int64_t it) {
   s.pos = it % per_epoch_;
   if (s.pos == 0 || perm_.empty()) perm_ = epoch_permutation(n_train_, cfg_.seed, s.epoch);
   s.t_iter = Clock::now();
-  s.replay_now = straggler_->replay_clock(seconds_since(t0_), it);
+  conditions_->begin_iteration(it, seconds_since(t0_));
   watchdog_->beat(it, "compute");
   return s;
 }
@@ -106,27 +103,19 @@ void Trainer::forward_backward(Step& s, models::StepStats& stats) {
   stats = engine_->forward_backward(x_.data(), y_.data(), static_cast<int>(s.n), buf_->data());
   hooks_.on_compute_end(s.it, stats);
   s.real_s = seconds_since(s.t_compute);
-}
-
-void Trainer::emulate(Step& s) {
-  const double target_s = straggler_->emulated_seconds(me_, s.replay_now, s.n, s.real_s);
-  // A modelled cost curve stands for a dedicated machine, which starts when the step does: when this node's
-  // ranks left the last one, not when an OS with more ranks than cores got round to this rank.
-  const auto t_start = straggler_->gpu_profile() ? engine_->released_at().value_or(s.t_compute) : s.t_compute;
-  Straggler::stretch_to(seconds_since(t_start), target_s);
-  s.compute_s = seconds_since(t_start);
+  // The real time, or under --straggle the emulated one (waited out here).
+  s.compute_s = conditions_->compute_seconds(s.n, s.t_compute, engine_->released_at(), s.real_s);
 }
 
 void Trainer::fill_slots(Step& s, const models::StepStats& stats) {
-  const auto metrics =
-      straggler_->metrics(me_, straggler_->replay_clock(seconds_since(t0_), s.it + 1), monitor_->sample());
+  const auto metrics = conditions_->metrics(s.it, seconds_since(t0_));
   buf_->set_totals(stats.loss_sum, stats.correct);
   float* slot = buf_->slot(me_);
   slot[kCompute] = static_cast<float>(s.compute_s);
   slot[kCpu] = static_cast<float>(metrics.cpu_avail);
   slot[kMem] = static_cast<float>(metrics.mem_avail);
   slot[kLoad] = static_cast<float>(metrics.load);
-  slot[kCapacity] = static_cast<float>(straggler_->capacity(me_, s.replay_now));
+  slot[kCapacity] = static_cast<float>(metrics.capacity);
   slot[kRealCompute] = static_cast<float>(s.real_s);
   slot[kStop] = static_cast<float>(stop_signals_->received());
   // A decision made ahead ran on a thread while we computed; waiting for it is coordination.
@@ -160,7 +149,7 @@ void Trainer::decide(Step& s) {
   s.coord_s += seconds_since(t);
 }
 
-// Rank 0: everybody's slot, and what the emulation knows of the iteration decided for.
+// Rank 0: everybody's slot, and what an emulation knows of the iteration decided for (oracle only).
 balancer::IterationReport Trainer::report(const Step& s) const {
   balancer::IterationReport report;
   report.iteration = s.it;
@@ -168,8 +157,7 @@ balancer::IterationReport Trainer::report(const Step& s) const {
   // The iteration decided for starts now with lag 0, L iterations later (of about the last one's length) with
   // L.
   const int64_t ahead = pipeline_->decided_for(s.it) - (s.it + 1);
-  const double next_start = straggler_->replay_clock(
-      seconds_since(t0_) + static_cast<double>(ahead) * stats_.last_iter_s, pipeline_->decided_for(s.it));
+  const double next_start_s = seconds_since(t0_) + static_cast<double>(ahead) * stats_.last_iter_s;
   for (int r = 0; r < R_; ++r) {
     const float* slot = buf_->slot(r);
     auto& w = report.workers[r];
@@ -178,9 +166,8 @@ balancer::IterationReport Trainer::report(const Step& s) const {
     w.exo = {slot[kCpu], slot[kMem], slot[kLoad]};
     w.exo_next = w.exo;  // measured at the barrier just before the coming iteration
     w.mem_cap = caps_[r];
-    w.capacity = slot[kCapacity];
-    w.capacity_next = straggler_->capacity(r, next_start);
-    w.curve_next = straggler_->curve(r, next_start);
+    w.truth = conditions_->truth(r, pipeline_->decided_for(s.it), next_start_s);
+    w.truth.capacity = slot[kCapacity];
   }
   return report;
 }
@@ -231,7 +218,7 @@ IterationContext Trainer::end_iteration(Step& s) {
 
 int Trainer::finish(int64_t it) {
   watchdog_->beat(it, "finish");
-  straggler_->stop_cotenant();
+  conditions_->stop();
   if (tty_) std::printf("\n");  // ends the progress bar's line
   TrainEndContext c;
   c.params_checksum = params_checksum();
@@ -264,8 +251,8 @@ TrainState Trainer::snapshot(int64_t next_iteration) {
   TrainState st;
   st.iteration = next_iteration;
   st.ranks = R_;
-  st.lag = cfg_.lag;
-  st.balancer = cfg_.balancer;
+  st.lag = cfg_.balancing.lag;
+  st.balancer = cfg_.balancing.balancer;
   engine_->pull_to_host();
   st.params = params_;
   st.velocity = sgd_->velocity();

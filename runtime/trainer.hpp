@@ -27,32 +27,41 @@ struct LrSchedule;
 
 namespace lbbsp::runtime {
 
-struct TrainConfig {
-  std::string data;
-  std::string model = "mlp";
-  Device device = Device::kCpu;                      // kCuda: one GPU per rank, chosen from the local rank
-  GpuParams gpu_params = GpuParams::kDevice;         // cuda: resident, or copied in and out every step
-  HostAllreduce allreduce = HostAllreduce::kAuto;    // host parameters (runtime/step_engine.hpp)
-  GpuAllreduce gpu_allreduce = GpuAllreduce::kAuto;  // cuda resident (runtime/step_engine.hpp)
-  std::vector<int> hidden = {256, 128};
-  int epochs = 1;
-  int64_t global_batch = 64;
+// The run's settings, in the groups `lbbsp train --help` lists them (flags and config.toml keys are flat:
+// runtime/train_cmd.cpp maps each flag to its field).
+struct DataConfig {
+  std::string path;          // --data
+  int64_t train_subset = 0;  // use only the first N training rows (0: all)
+  int64_t test_subset = 0;   // evaluate on the first N test rows (0: all)
+  size_t memory_mb = 4096;   // --data-memory-mb: larger datasets are read out of core
+};
+
+struct OptimizerConfig {
   double lr = 0.05;
   double momentum = 0.9;
   double weight_decay = 0.0;
   std::string lr_schedule = "constant";
   int64_t warmup_iterations = 0;
-  uint64_t seed = 1;
-  int threads = 1;
-  int64_t max_iterations = 0;  // 0: no limit
-  int64_t train_subset = 0;    // use only the first N training rows (0: all)
-  int64_t test_subset = 0;     // evaluate on the first N test rows (0: all)
-  size_t data_memory_mb = 4096;
+};
+
+struct BalancingConfig {
   std::string balancer = "bsp";
   std::string predictor = "narx";
   int64_t min_batch = 0;
   int lag = 0;  // a decision after iteration t is for iteration t + 1 + lag
-  std::string straggle = "none";
+};
+
+struct EmulationConfig {
+  std::string straggle = "none";  // --straggle SPEC (runtime/straggle/spec.hpp)
+  std::string inject_fault;       // RANK:ITERATION:KIND, for tests
+};
+
+struct EvaluationConfig {
+  int64_t every = 0;           // evaluate every N iterations (0: after each epoch)
+  double target_accuracy = 0;  // report training time to reach it (0: off)
+};
+
+struct LoggingConfig {
   std::string log_dir;
   std::string config_toml;  // the run's flags as a `--config` file; written to log_dir/config.toml when set
   bool csv = false;
@@ -60,18 +69,42 @@ struct TrainConfig {
   std::string timeline_iterations;  // FIRST:END: the timeline records only iterations FIRST .. END-1
   std::string summary_json;
   std::string save_params;
-  Binding bind = Binding::kNone;
-  std::string inject_fault;          // RANK:ITERATION:KIND
-  double iteration_timeout_s = 300;  // a rank stuck this long ends the job
-  int64_t eval_every = 0;            // evaluate every N iterations (0: after each epoch)
-  double target_accuracy = 0;        // report training time to reach it (0: off)
-  int64_t progress_every = 0;        // plain progress line every N iterations (0: about 20 per run)
+  int64_t progress_every = 0;  // plain progress line every N iterations (0: about 20 per run)
   bool quiet = false;
-  std::string checkpoint_dir;           // write / resume checkpoints here
-  int64_t checkpoint_every = 0;         // iterations between checkpoints (0: only at the end of the run)
-  int checkpoint_keep = 2;              // newest checkpoints kept
-  bool resume = false;                  // continue from the newest valid checkpoint in checkpoint_dir
+};
+
+struct CheckpointConfig {
+  std::string dir;                      // write / resume checkpoints here
+  int64_t every = 0;                    // iterations between checkpoints (0: only at the end of the run)
+  int keep = 2;                         // newest checkpoints kept
+  bool resume = false;                  // continue from the newest valid checkpoint in dir
   bool allow_optimizer_change = false;  // resume although lr, schedule, momentum or weight decay differ
+};
+
+struct TrainConfig {
+  // The model and where it runs.
+  std::string model = "mlp";
+  std::vector<int> hidden = {256, 128};
+  Device device = Device::kCpu;                      // kCuda: one GPU per rank, chosen from the local rank
+  GpuParams gpu_params = GpuParams::kDevice;         // cuda: resident, or copied in and out every step
+  HostAllreduce allreduce = HostAllreduce::kAuto;    // host parameters (runtime/step_engine.hpp)
+  GpuAllreduce gpu_allreduce = GpuAllreduce::kAuto;  // cuda resident (runtime/step_engine.hpp)
+  int threads = 1;
+  Binding bind = Binding::kNone;
+  // The run's length and its one seed (initialisation, data order, emulation).
+  int epochs = 1;
+  int64_t global_batch = 64;
+  int64_t max_iterations = 0;  // 0: no limit
+  uint64_t seed = 1;
+  double iteration_timeout_s = 300;  // a rank stuck this long ends the job
+
+  DataConfig data;
+  OptimizerConfig optimizer;
+  BalancingConfig balancing;
+  EmulationConfig emulation;
+  EvaluationConfig evaluation;
+  LoggingConfig logging;
+  CheckpointConfig checkpoint;
 };
 
 // Runs the whole training on this rank. Throws on any error (the caller aborts the job with the message).
@@ -82,10 +115,9 @@ int run_training(const TrainConfig& cfg, Comm& comm);
 
 class BatchPipeline;
 class BatchSizeManager;
-class ResourceMonitor;
 class StepEngine;
 class StopSignals;
-class Straggler;
+class RankConditions;
 
 // One rank's training: set_up() (checks, data, model, balancer, logs, resume, step engine, hooks), then the
 // loop in run(), then finish() (the parameter check across ranks, the hooks' on_train_end).
@@ -103,7 +135,6 @@ class Trainer {
   struct Step {
     int64_t it = 0, epoch = 0, pos = 0, n = 0;
     Clock::time_point t_iter, t_compute;
-    double replay_now = 0;  // the straggler emulation's clock for this iteration
     double real_s = 0, compute_s = 0, allreduce_s = 0, coord_s = 0, max_compute = 0;
     std::vector<int64_t> next_batch;
   };
@@ -131,7 +162,6 @@ class Trainer {
   Step begin_iteration(int64_t it);
   void slice(Step& s);
   void forward_backward(Step& s, models::StepStats& stats);
-  void emulate(Step& s);
   void fill_slots(Step& s, const models::StepStats& stats);
   void allreduce(Step& s);
   void decide(Step& s);
@@ -153,17 +183,16 @@ class Trainer {
   std::vector<float> params_;
   std::unique_ptr<models::Sgd> sgd_;
   std::unique_ptr<models::LrSchedule> schedule_;
-  std::unique_ptr<Straggler> straggler_;
-  std::vector<int64_t> caps_;                  // most samples each rank may take
-  std::unique_ptr<BatchSizeManager> manager_;  // rank 0
-  std::unique_ptr<BatchPipeline> pipeline_;    // every rank: the lag
-  std::vector<int64_t> batch_;                 // this iteration's batch vector
-  std::unique_ptr<RunLog> run_log_;            // rank 0 with --log-dir or --timeline
+  std::unique_ptr<RankConditions> conditions_;  // compute time and metrics: the machine's or emulated
+  std::vector<int64_t> caps_;                   // most samples each rank may take
+  std::unique_ptr<BatchSizeManager> manager_;   // rank 0
+  std::unique_ptr<BatchPipeline> pipeline_;     // every rank: the lag
+  std::vector<int64_t> batch_;                  // this iteration's batch vector
+  std::unique_ptr<RunLog> run_log_;             // rank 0 with --log-dir or --timeline
   std::unique_ptr<ReductionBuffer> buf_;
   std::vector<float> x_;
   std::vector<uint8_t> y_;
   std::vector<int64_t> perm_, rows_;
-  std::unique_ptr<ResourceMonitor> monitor_;
   std::unique_ptr<Watchdog> watchdog_;
   RunStats stats_;
   bool tty_ = false;

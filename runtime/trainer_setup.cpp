@@ -20,10 +20,9 @@
 #include "runtime/batch_manager.hpp"
 #include "runtime/batch_pipeline.hpp"
 #include "runtime/dataset.hpp"
-#include "runtime/monitor.hpp"
+#include "runtime/rank_conditions.hpp"
 #include "runtime/step_engine.hpp"
 #include "runtime/stop_signal.hpp"
-#include "runtime/straggler.hpp"
 #include "runtime/telemetry.hpp"
 #include "runtime/topology.hpp"
 #include "runtime/trainer.hpp"
@@ -57,7 +56,7 @@ OptimizerRecord optimizer_record(const models::LrSchedule& s, double momentum, d
 }  // namespace
 
 bool Trainer::set_up() {
-  fault_ = parse_fault(cfg_.inject_fault, R_);
+  fault_ = parse_fault(cfg_.emulation.inject_fault, R_);
   check_config();
   prepare_outputs();
   if (cfg_.bind == Binding::kCore) bind_to_cores(comm_.local_rank() * cfg_.threads, cfg_.threads);
@@ -67,7 +66,7 @@ bool Trainer::set_up() {
   make_run_log();
   print_banner();
   allocate();
-  if (cfg_.resume && !resume()) return false;
+  if (cfg_.checkpoint.resume && !resume()) return false;
   make_engine();
   make_hooks();
   return true;
@@ -79,17 +78,18 @@ void Trainer::check_config() const {
   check_float_exact(cfg.global_batch, "--global-batch");  // counts and batch sizes ride in float slots
   if (cfg.epochs < 1) throw std::invalid_argument("--epochs must be >= 1");
   if (cfg.threads < 1) throw std::invalid_argument("--threads must be >= 1");
-  if (cfg.lag < 0) throw std::invalid_argument("--lag must be >= 0");
-  if (!(cfg.lr > 0) || !std::isfinite(cfg.lr)) throw std::invalid_argument("--lr must be a positive number");
-  if (cfg.checkpoint_every < 0) throw std::invalid_argument("--checkpoint-every must be >= 1");
-  if (cfg.checkpoint_keep < 1) throw std::invalid_argument("--checkpoint-keep must be >= 1");
-  parse_timeline_window(cfg.timeline_iterations);  // throws on a bad window
-  if (!cfg.timeline_iterations.empty() && cfg.timeline.empty())
+  if (cfg.balancing.lag < 0) throw std::invalid_argument("--lag must be >= 0");
+  if (!(cfg.optimizer.lr > 0) || !std::isfinite(cfg.optimizer.lr))
+    throw std::invalid_argument("--lr must be a positive number");
+  if (cfg.checkpoint.every < 0) throw std::invalid_argument("--checkpoint-every must be >= 1");
+  if (cfg.checkpoint.keep < 1) throw std::invalid_argument("--checkpoint-keep must be >= 1");
+  parse_timeline_window(cfg.logging.timeline_iterations);  // throws on a bad window
+  if (!cfg.logging.timeline_iterations.empty() && cfg.logging.timeline.empty())
     throw std::invalid_argument("--timeline-iterations needs --timeline FILE");
-  if ((cfg.resume || cfg.checkpoint_every > 0) && cfg.checkpoint_dir.empty())
-    throw std::invalid_argument(std::string(cfg.resume ? "--resume" : "--checkpoint-every") +
+  if ((cfg.checkpoint.resume || cfg.checkpoint.every > 0) && cfg.checkpoint.dir.empty())
+    throw std::invalid_argument(std::string(cfg.checkpoint.resume ? "--resume" : "--checkpoint-every") +
                                 " needs --checkpoint-dir DIR");
-  if (cfg.allow_optimizer_change && !cfg.resume)
+  if (cfg.checkpoint.allow_optimizer_change && !cfg.checkpoint.resume)
     throw std::invalid_argument("--allow-optimizer-change applies to --resume only: add --resume or drop it");
 }
 
@@ -97,27 +97,28 @@ void Trainer::check_config() const {
 // folder is made first, so that outputs inside it (--summary-json DIR/summary.json) are fine.
 void Trainer::prepare_outputs() const {
   const TrainConfig& cfg = cfg_;
-  if (root_ && !cfg.checkpoint_dir.empty()) {
+  if (root_ && !cfg.checkpoint.dir.empty()) {
     std::error_code ec;
-    std::filesystem::create_directories(cfg.checkpoint_dir, ec);
-    if (!std::filesystem::is_directory(cfg.checkpoint_dir))
-      throw std::invalid_argument("--checkpoint-dir: cannot create folder '" + cfg.checkpoint_dir + "'" +
+    std::filesystem::create_directories(cfg.checkpoint.dir, ec);
+    if (!std::filesystem::is_directory(cfg.checkpoint.dir))
+      throw std::invalid_argument("--checkpoint-dir: cannot create folder '" + cfg.checkpoint.dir + "'" +
                                   (ec ? ": " + ec.message() : ""));
   }
-  if (!cfg.log_dir.empty()) {
+  if (!cfg.logging.log_dir.empty()) {
     std::error_code ec;
-    std::filesystem::create_directories(cfg.log_dir, ec);
-    if (ec) throw std::invalid_argument("--log-dir: cannot create '" + cfg.log_dir + "': " + ec.message());
-    if (root_ && !cfg.config_toml.empty()) {
-      const auto path = std::filesystem::path(cfg.log_dir) / "config.toml";
+    std::filesystem::create_directories(cfg.logging.log_dir, ec);
+    if (ec)
+      throw std::invalid_argument("--log-dir: cannot create '" + cfg.logging.log_dir + "': " + ec.message());
+    if (root_ && !cfg.logging.config_toml.empty()) {
+      const auto path = std::filesystem::path(cfg.logging.log_dir) / "config.toml";
       std::ofstream out(path);
-      out << cfg.config_toml;
+      out << cfg.logging.config_toml;
       if (!out.flush()) throw std::invalid_argument("--log-dir: cannot write '" + path.string() + "'");
     }
   }
-  for (auto [flag, path] : {std::pair{"--summary-json", cfg.summary_json},
-                            {"--save-params", cfg.save_params},
-                            {"--timeline", cfg.timeline}}) {
+  for (auto [flag, path] : {std::pair{"--summary-json", cfg.logging.summary_json},
+                            {"--save-params", cfg.logging.save_params},
+                            {"--timeline", cfg.logging.timeline}}) {
     if (path.empty()) continue;
     auto parent = std::filesystem::absolute(path).parent_path();
     if (!std::filesystem::is_directory(parent)) {
@@ -129,13 +130,13 @@ void Trainer::prepare_outputs() const {
 
 // Every rank holds the whole dataset: slices change every iteration.
 void Trainer::load_data_and_model() {
-  train_ = std::make_unique<Dataset>(cfg_.data, "train", cfg_.data_memory_mb << 20);
-  test_ = std::make_unique<Dataset>(cfg_.data, "test", cfg_.data_memory_mb << 20);
-  n_train_ = cfg_.train_subset > 0 ? std::min(cfg_.train_subset, train_->size()) : train_->size();
-  n_test_ = cfg_.test_subset > 0 ? std::min(cfg_.test_subset, test_->size()) : test_->size();
+  train_ = std::make_unique<Dataset>(cfg_.data.path, "train", cfg_.data.memory_mb << 20);
+  test_ = std::make_unique<Dataset>(cfg_.data.path, "test", cfg_.data.memory_mb << 20);
+  n_train_ = cfg_.data.train_subset > 0 ? std::min(cfg_.data.train_subset, train_->size()) : train_->size();
+  n_test_ = cfg_.data.test_subset > 0 ? std::min(cfg_.data.test_subset, test_->size()) : test_->size();
   if (cfg_.global_batch > n_train_) {
     throw std::invalid_argument("--global-batch " + std::to_string(cfg_.global_batch) + " exceeds the " +
-                                std::to_string(n_train_) + " training samples of '" + cfg_.data + "'");
+                                std::to_string(n_train_) + " training samples of '" + cfg_.data.path + "'");
   }
   models::ModelConfig mc;
   mc.kind = cfg_.model;
@@ -158,15 +159,15 @@ void Trainer::load_data_and_model() {
   model_ = models::make_model(mc);
   params_.resize(model_->num_params());
   model_->init_params(params_.data(), cfg_.seed);
-  sgd_ = std::make_unique<models::Sgd>(params_.size(), cfg_.momentum, cfg_.weight_decay);
+  sgd_ = std::make_unique<models::Sgd>(params_.size(), cfg_.optimizer.momentum, cfg_.optimizer.weight_decay);
 
   X_ = cfg_.global_batch;
   per_epoch_ = n_train_ / X_;  // the last partial batch of an epoch is dropped
   total_ = per_epoch_ * cfg_.epochs;
   if (cfg_.max_iterations > 0) total_ = std::min(total_, cfg_.max_iterations);
-  schedule_ = std::make_unique<models::LrSchedule>(
-      models::parse_lr_schedule(cfg_.lr_schedule, cfg_.lr, cfg_.warmup_iterations, total_));
-  optimizer_ = optimizer_record(*schedule_, cfg_.momentum, cfg_.weight_decay);
+  schedule_ = std::make_unique<models::LrSchedule>(models::parse_lr_schedule(
+      cfg_.optimizer.lr_schedule, cfg_.optimizer.lr, cfg_.optimizer.warmup_iterations, total_));
+  optimizer_ = optimizer_record(*schedule_, cfg_.optimizer.momentum, cfg_.optimizer.weight_decay);
   // What a checkpoint must match to be resumed.
   ckpt_id_ = {cfg_.model,
               static_cast<int64_t>(params_.size()),
@@ -179,14 +180,14 @@ void Trainer::load_data_and_model() {
 
 // Rank 0's balancer behind the BatchSizeManager, and the first batch vector on every rank.
 bool Trainer::make_balancer() {
-  straggler_ = std::make_unique<Straggler>(cfg_.straggle, R_, cfg_.seed);
-  caps_ = comm_.allgather(std::min(my_cap_, straggler_->mem_cap(me_)));
+  conditions_ = std::make_unique<RankConditions>(cfg_.emulation.straggle, R_, me_, cfg_.seed);
+  caps_ = comm_.allgather(std::min(my_cap_, conditions_->mem_cap()));
   balancer::BalancerConfig bc;
-  bc.name = cfg_.balancer;
-  bc.predictor = cfg_.predictor;
+  bc.name = cfg_.balancing.balancer;
+  bc.predictor = cfg_.balancing.predictor;
   bc.workers = R_;
   bc.global_batch = X_;
-  bc.min_batch = cfg_.min_batch;
+  bc.min_batch = cfg_.balancing.min_batch;
   bc.num_exo = static_cast<int>(balancer::kRankExo.size());  // cpu_avail, mem_avail, load (the slot's order)
   bc.capacity_exo =
       balancer::kRankCapacityExo;  // cpu_avail: the share of this rank's CPUs left by co-tenants
@@ -196,7 +197,7 @@ bool Trainer::make_balancer() {
   std::string setup_error;
   if (root_) {
     try {
-      manager_ = std::make_unique<BatchSizeManager>(bc, cfg_.lag);
+      manager_ = std::make_unique<BatchSizeManager>(bc, cfg_.balancing.lag);
       batch_ = manager_->initial();
     } catch (const std::exception& e) {
       setup_error = e.what();
@@ -209,44 +210,46 @@ bool Trainer::make_balancer() {
     return false;
   }
   comm_.bcast(batch_.data(), R_);
-  pipeline_ = std::make_unique<BatchPipeline>(cfg_.lag, manager_.get());
+  pipeline_ = std::make_unique<BatchPipeline>(cfg_.balancing.lag, manager_.get());
   return true;
 }
 
 void Trainer::make_run_log() {
-  if (!root_ || (cfg_.log_dir.empty() && cfg_.timeline.empty())) return;
+  if (!root_ || (cfg_.logging.log_dir.empty() && cfg_.logging.timeline.empty())) return;
   RunLogConfig lc;
-  lc.log_dir = cfg_.log_dir;
-  lc.csv = cfg_.csv;
-  lc.attrs = {{"model", cfg_.model},         {"balancer", cfg_.balancer},
-              {"predictor", cfg_.predictor}, {"straggle", cfg_.straggle},
-              {"ranks", std::to_string(R_)}, {"global_batch", std::to_string(X_)}};
-  lc.timeline = cfg_.timeline;
-  lc.timeline_window = parse_timeline_window(cfg_.timeline_iterations);
+  lc.log_dir = cfg_.logging.log_dir;
+  lc.csv = cfg_.logging.csv;
+  lc.attrs = {{"model", cfg_.model},
+              {"balancer", cfg_.balancing.balancer},
+              {"predictor", cfg_.balancing.predictor},
+              {"straggle", cfg_.emulation.straggle},
+              {"ranks", std::to_string(R_)},
+              {"global_batch", std::to_string(X_)}};
+  lc.timeline = cfg_.logging.timeline;
+  lc.timeline_window = parse_timeline_window(cfg_.logging.timeline_iterations);
   lc.ranks = R_;
   run_log_ = std::make_unique<RunLog>(lc);
 }
 
 void Trainer::print_banner() const {
-  if (!root_ || cfg_.quiet) return;
+  if (!root_ || cfg_.logging.quiet) return;
   std::printf(
       "lbbsp: %s on %s (%lld train / %lld test samples, %zu parameters), %d rank(s) x %d thread(s), "
       "global batch %lld, balancer %s%s, straggle %s\n",
-      model_->name().c_str(), cfg_.data.c_str(), static_cast<long long>(n_train_),
+      model_->name().c_str(), cfg_.data.path.c_str(), static_cast<long long>(n_train_),
       static_cast<long long>(n_test_), params_.size(), R_, cfg_.threads, static_cast<long long>(X_),
-      cfg_.balancer.c_str(), cfg_.balancer == "lbbsp-cpu" ? ("/" + cfg_.predictor).c_str() : "",
-      cfg_.straggle.c_str());
+      cfg_.balancing.balancer.c_str(),
+      cfg_.balancing.balancer == "lbbsp-cpu" ? ("/" + cfg_.balancing.predictor).c_str() : "",
+      cfg_.emulation.straggle.c_str());
   std::fflush(stdout);
 }
 
 void Trainer::allocate() {
   buf_ = std::make_unique<ReductionBuffer>(params_.size(), R_);
   stats_.predicted.assign(R_, 0.0);
-  straggler_->start_cotenant(me_);
-  monitor_ = std::make_unique<ResourceMonitor>();  // after start_cotenant: it measures the CPUs this rank is
-                                                   // pinned to
+  conditions_->start();
   watchdog_ = std::make_unique<Watchdog>(me_, cfg_.iteration_timeout_s);
-  tty_ = root_ && stdout_is_tty() && !cfg_.quiet;
+  tty_ = root_ && stdout_is_tty() && !cfg_.logging.quiet;
 }
 
 // Rank 0 reads and verifies; everybody gets the parameters, velocity, position and statistics.
@@ -276,7 +279,7 @@ bool Trainer::load_checkpoint(TrainState* st, std::string* used, std::string* me
   if (root_) {
     try {
       std::vector<std::string> skipped;
-      *st = load_newest_checkpoint(cfg_.checkpoint_dir, ckpt_id_, used, &skipped);
+      *st = load_newest_checkpoint(cfg_.checkpoint.dir, ckpt_id_, used, &skipped);
       for (const auto& sk : skipped)
         std::fprintf(stderr, "lbbsp: warning: skipping %s; using the older '%s'\n", sk.c_str(),
                      used->c_str());
@@ -307,7 +310,7 @@ void Trainer::check_optimizer(const TrainState& st, const std::string& used) con
   if (changes.empty()) return;
   std::string list;
   for (const auto& c : changes) list += (list.empty() ? "" : "; ") + c;
-  if (!cfg_.allow_optimizer_change)
+  if (!cfg_.checkpoint.allow_optimizer_change)
     throw std::invalid_argument(
         "--resume: checkpoint '" + used + "' was written with another optimiser: " + list +
         ". Resume with the flags it was written with, or pass --allow-optimizer-change "
@@ -321,7 +324,7 @@ void Trainer::check_optimizer(const TrainState& st, const std::string& used) con
 void Trainer::restore_balancer(const TrainState& st, const std::string& used, bool same_split,
                                const std::vector<double>& predicted) {
   std::string note;
-  if (same_split && st.balancer == cfg_.balancer && st.lag == cfg_.lag) {
+  if (same_split && st.balancer == cfg_.balancing.balancer && st.lag == cfg_.balancing.lag) {
     try {
       manager_->balancer().load_state(st.balancer_state);
       batch_ = st.batch;
@@ -335,7 +338,7 @@ void Trainer::restore_balancer(const TrainState& st, const std::string& used, bo
     note = " (balancer restarted: the checkpoint was written by " + std::to_string(st.ranks) +
            " rank(s), balancer " + st.balancer + ", lag " + std::to_string(st.lag) + ")";
   }
-  if (!cfg_.quiet)
+  if (!cfg_.logging.quiet)
     std::printf("resumed from %s at iteration %lld%s\n", used.c_str(), static_cast<long long>(start_it_),
                 note.c_str());
   std::fflush(stdout);
@@ -347,15 +350,15 @@ void Trainer::make_engine() {
   ec.gpu_params = cfg_.gpu_params;
   ec.gpu_allreduce = cfg_.gpu_allreduce;
   ec.host_allreduce = cfg_.allreduce;
-  ec.momentum = cfg_.momentum;
-  ec.weight_decay = cfg_.weight_decay;
+  ec.momentum = cfg_.optimizer.momentum;
+  ec.weight_decay = cfg_.optimizer.weight_decay;
 #ifdef LBBSP_WITH_CUDA
   if (cfg_.device == Device::kCuda) ec.resident = models::device_resident(*model_);
 #endif
   ec.mpi_cuda_aware = comm_.cuda_aware();
   ec.mpi_cuda_support = comm_.cuda_support();
   engine_ = std::make_unique<StepEngine>(ec, *model_, params_, *sgd_, buf_->extra(), comm_);
-  if (root_ && !cfg_.quiet && cfg_.device == Device::kCuda) {
+  if (root_ && !cfg_.logging.quiet && cfg_.device == Device::kCuda) {
     std::printf("gpu: parameters and gradient reduction %s\n", engine_->mode().c_str());
     std::fflush(stdout);
   }
@@ -378,12 +381,13 @@ void Trainer::make_hooks() {
                                    .per_epoch = per_epoch_,
                                    .total = total_,
                                    .tty = tty_}));
-  if (!cfg_.checkpoint_dir.empty())  // after the evaluation: the statistics it saves hold this one's accuracy
+  if (!cfg_.checkpoint.dir.empty())  // after the evaluation: the statistics it saves hold this one's accuracy
     hooks_.add(make_checkpoint_hook(cfg_, *watchdog_, root_, ckpt_id_,
                                     [this](int64_t next) { return snapshot(next); }),
                {"evaluation"});
   if (!root_) return;
-  if (!cfg_.quiet) hooks_.add(make_progress_hook({.cfg = &cfg_, .ranks = R_, .total = total_, .tty = tty_}));
+  if (!cfg_.logging.quiet)
+    hooks_.add(make_progress_hook({.cfg = &cfg_, .ranks = R_, .total = total_, .tty = tty_}));
   hooks_.add(make_stop_message_hook(cfg_, total_), {"checkpoint"});  // it names the checkpoint written
   // After the telemetry's flush (the run log's I/O time) and the final evaluation (the test accuracy).
   hooks_.add(make_summary_hook({.cfg = &cfg_,

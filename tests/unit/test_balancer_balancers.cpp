@@ -49,10 +49,10 @@ struct Cluster {
       w.batch = batch[i];
       w.compute_s = compute_s(t, i, batch[i]);
       w.exo = {capacity[t][i]};
-      w.capacity = capacity[t][i];
-      w.capacity_next = capacity[t + 1][i];
+      w.truth.capacity = capacity[t][i];
+      w.truth.capacity_next = capacity[t + 1][i];
       if (!mem_cap.empty()) w.mem_cap = mem_cap[i];
-      if (!curve.empty()) w.curve_next = true_curve(t + 1, i);
+      if (!curve.empty()) w.truth.curve_next = true_curve(t + 1, i);
     }
     return r;
   }
@@ -196,9 +196,9 @@ TEST(Balancers, GarbageReportsStillGiveValidVectors) {
           w.compute_s = 1e-3 * (w.batch > 0 ? static_cast<double>(w.batch) : 1.0) / 1000;  // 1000x
         w.exo.assign(rng() % 3, u(rng) < 0.2 ? kNaN : u(rng));  // wrong lengths too
         w.exo_next.assign(rng() % 2, u(rng) < 0.2 ? kInf : u(rng));
-        w.capacity = u(rng) < 0.3 ? garbage[rng() % 7] : u(rng);
-        w.capacity_next = u(rng) < 0.3 ? garbage[rng() % 7] : u(rng);
-        if (u(rng) < 0.2) w.curve_next = TimeCurve{garbage[rng() % 7], garbage[rng() % 7], u(rng)};
+        w.truth.capacity = u(rng) < 0.3 ? garbage[rng() % 7] : u(rng);
+        w.truth.capacity_next = u(rng) < 0.3 ? garbage[rng() % 7] : u(rng);
+        if (u(rng) < 0.2) w.truth.curve_next = TimeCurve{garbage[rng() % 7], garbage[rng() % 7], u(rng)};
       }
       batch = bal->next(r);
       expect_valid(batch, X, {}, n);
