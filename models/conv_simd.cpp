@@ -111,6 +111,41 @@ void forward_tile(const float* x, const size_t* offset, size_t row, int k, int k
   for (int v = 0; v < NV; ++v) simd::store(y + r * oc + v * kL, acc[r][v]);
 }
 
+// forward_tile for R consecutive pixels of one output row and a K x K kernel: the window of pixel r at column
+// kx reads input column r + kx, so each input value is broadcast once and multiplied with the K kernel
+// columns that meet it (up to K FMAs per broadcast instead of one). x: the row's first window, c channels per
+// column.
+template <int R, int K, int NV>
+void forward_row_tile(const float* x, size_t row, int c, const float* wt, int oc, float* y) {
+  Vec acc[R][NV];
+  LBBSP_UNROLL
+  for (int r = 0; r < R; ++r) LBBSP_UNROLL
+  for (int v = 0; v < NV; ++v) acc[r][v] = simd::zero();
+  for (int ky = 0; ky < K; ++ky) {
+    const float* xr = x + ky * row;
+    const float* wr = wt + size_t(ky) * K * c * oc;
+    for (int ci = 0; ci < c; ++ci) {
+      Vec w[K][NV];  // kernel column kx of input channel ci
+      LBBSP_UNROLL
+      for (int kx = 0; kx < K; ++kx) LBBSP_UNROLL
+      for (int v = 0; v < NV; ++v) w[kx][v] = simd::load(wr + (size_t(kx) * c + ci) * oc + v * kL);
+      LBBSP_UNROLL
+      for (int q = 0; q < R + K - 1; ++q) {
+        const Vec b = simd::broadcast(xr + q * c + ci);
+        LBBSP_UNROLL
+        for (int kx = 0; kx < K; ++kx) {
+          if (q - kx < 0 || q - kx >= R) continue;
+          LBBSP_UNROLL
+          for (int v = 0; v < NV; ++v) acc[q - kx][v] = simd::fmadd(b, w[kx][v], acc[q - kx][v]);
+        }
+      }
+    }
+  }
+  LBBSP_UNROLL
+  for (int r = 0; r < R; ++r) LBBSP_UNROLL
+  for (int v = 0; v < NV; ++v) simd::store(y + r * oc + v * kL, acc[r][v]);
+}
+
 // acc[r, v] += sum over the pixels of `samples` samples of x[pixel + r] * dy[pixel, v]: R neighbouring taps
 // (kx, ci) of one kernel row, NV vectors of output channels. acc lives in memory between calls.
 template <int R, int NV>
@@ -158,14 +193,55 @@ template <int NV, size_t... I>
 constexpr std::array<WeightGradFn, sizeof...(I)> weight_grad_table(std::index_sequence<I...>) {
   return {&weight_grad_tile<int(I) + 1, NV>...};
 }
+// Row tiles: R accumulators, K weight vectors and the broadcast per vector of channels, in the registers.
+constexpr int max_row_tile(int k, int vectors) {
+  const int fit = (simd::kRegisters - 1 - k * vectors) / vectors;
+  return fit < 14 ? fit : 14;
+}
+using RowFn = void (*)(const float*, size_t, int, const float*, int, float*);
+template <int K, int NV, size_t... I>
+constexpr std::array<RowFn, sizeof...(I)> row_table(std::index_sequence<I...>) {
+  return {&forward_row_tile<int(I) + 1, K, NV>...};
+}
 constexpr auto kForward1 = forward_table<1>(std::make_index_sequence<kMaxTile1>());
 constexpr auto kForward2 = forward_table<2>(std::make_index_sequence<kMaxTile2>());
 constexpr auto kWeightGrad1 = weight_grad_table<1>(std::make_index_sequence<kMaxTile1>());
 constexpr auto kWeightGrad2 = weight_grad_table<2>(std::make_index_sequence<kMaxTile2>());
 
+// forward_padded in row tiles (K = 3 or 5; NV vectors of output channels): each output row in tiles of at
+// most max_row_tile pixels, each tile's input values broadcast once for the K columns that meet them.
+template <int K, int NV>
+void forward_rows(const ConvShape& s, const Padded& xp, const float* wt, float* y) {
+  static constexpr int kMax = max_row_tile(K, NV);
+  static constexpr auto kTiles = row_table<K, NV>(std::make_index_sequence<kMax>());
+  const int oc = s.out_channels, block = NV * kL, oblocks = oc / block, c = s.in_channels, w = s.width;
+  const int row_tiles = pieces(w, kMax);
+  const int64_t items = int64_t(s.n) * s.height * row_tiles * oblocks;
+  const double fma = double(s.n) * s.output_size() * K * K * c;
+#pragma omp parallel for schedule(dynamic, 4) if (fma > kParallelMinFma)
+  for (int64_t item = 0; item < items; ++item) {
+    const int ob = int(item % oblocks), t = int(item / oblocks % row_tiles);
+    const int64_t out_row = item / oblocks / row_tiles;  // n * height + oy
+    const int n = int(out_row / s.height), oy = int(out_row % s.height);
+    const int x0 = piece_begin(w, row_tiles, t), x1 = piece_begin(w, row_tiles, t + 1);
+    const float* in = xp.data + size_t(n) * xp.image + size_t(oy) * xp.row + size_t(x0) * c;
+    kTiles[x1 - x0 - 1](in, xp.row, c, wt + ob * block, oc, y + (size_t(out_row) * w + x0) * oc + ob * block);
+  }
+}
+
+// The row tiles for one vector of output channels and K = 3 or 5 (with two, K x 2 weight vectors leave too
+// few accumulators); false where they do not apply.
+bool forward_by_rows(const ConvShape& s, const Padded& xp, const float* wt, float* y) {
+  if (tile_vectors(s.out_channels) != 1) return false;
+  if (s.kernel == 5) return forward_rows<5, 1>(s, xp, wt, y), true;
+  if (s.kernel == 3) return forward_rows<3, 1>(s, xp, wt, y), true;
+  return false;
+}
+
 // y[n, oy, ox, :] = sum over taps of the padded input times wt ([k * k * c, oc], output channels last). Tiles
 // run over each sample's pixels in (oy, ox) order, so a 14-pixel row does not leave a narrow tile at its end.
 void forward_padded(const ConvShape& s, const Padded& xp, const float* wt, float* y) {
+  if (forward_by_rows(s, xp, wt, y)) return;
   const int oc = s.out_channels, nv = tile_vectors(oc), block = nv * kL, oblocks = oc / block;
   const int pixels = s.height * s.width, tiles = pieces(pixels, max_tile(nv)), c = s.in_channels;
   const int k = s.kernel, kc = k * c;

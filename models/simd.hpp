@@ -60,6 +60,7 @@ inline void store_bytes(uint8_t* p, Vec whole) {
                    _mm512_maskz_cvtepi32_epi8(kAll, _mm512_maskz_cvttps_epi32(kAll, whole)));
 }  // lanes holding whole numbers 0..255, as kLanes bytes
 constexpr int kAccumulators = 24;  // of 32 vector registers: the rest hold weights and a broadcast
+constexpr int kRegisters = 32;
 constexpr const char* kName = "AVX-512F";
 #elif defined(LBBSP_SIMD_EMULATE_512) && defined(__AVX2__) && defined(__FMA__)
 // Tests only (tests/unit/test_models_simd512.cpp): the AVX-512 path's 16 lanes and tile shapes on two AVX2
@@ -93,6 +94,7 @@ inline void store_bytes(uint8_t* p, Vec whole) {
   store_bytes8(p, whole.lo), store_bytes8(p + 8, whole.hi);
 }
 constexpr int kAccumulators = 24;
+constexpr int kRegisters = 32;  // as on AVX-512: the tile shapes under test are AVX-512's
 constexpr const char* kName = "AVX-512F emulated on AVX2 (tests)";
 #elif defined(__AVX2__) && defined(__FMA__)
 #define LBBSP_SIMD_LANES 8
@@ -122,6 +124,7 @@ inline void store_bytes(uint8_t* p, Vec whole) {
   store_bytes8(p, whole);
 }
 constexpr int kAccumulators = 12;  // of 16 vector registers
+constexpr int kRegisters = 16;
 constexpr const char* kName = "AVX2+FMA";
 #else
 constexpr const char* kName = "portable (no AVX2+FMA at build time)";

@@ -169,6 +169,8 @@ const ConvShape kConvCases[] = {
     {3, 7, 29, 16, 16, 5, false},    // vector path: rows of 29 in uneven tiles, dx on 16 channels
     {2, 5, 5, 8, 48, 3, false},      // vector path: 48 channels (one vector per tile on AVX-512), k = 3
     {70, 14, 14, 16, 32, 5, false},  // the CNN's second layer beyond one micro-batch
+    {2, 9, 23, 3, 24, 5, false},     // AVX2: row tiles of one vector (24 = 3 x 8 channels), rows of 23
+    {2, 6, 11, 8, 8, 3, false},      // AVX2: row tiles for k = 3, dx on 8 channels
 };
 
 // Both code paths of one build: the vector kernels (when the build has them) and the portable one.
