@@ -72,7 +72,7 @@ class LoadBalancedDDP(DDPStrategy):
     """
 
     def __init__(self, balancer: str = "lbbsp-cpu", predictor: str = "narx", global_batch: Optional[int] = None,
-                 seed: int = 1, min_batch: int = 0, timeout_s: float = 300.0,
+                 seed: int = 1, min_batch: int = 0, timeout_s: Optional[float] = None,
                  monitor: Optional[Callable[[], Any]] = None, **ddp_kwargs: Any) -> None:
         if ddp_kwargs.get("ddp_comm_hook") is not None:
             raise ValueError("LoadBalancedDDP: ddp_comm_hook cannot be set: the balancer registers the SUM hook "

@@ -217,6 +217,42 @@ def test_predicted_speeds():
     assert lbbsp.Balancer("bsp", workers=3, global_batch=90).predicted_speeds().size == 0
 
 
+# ---- one wheel, one decision: the same balancer decisions on a CPU without AVX-512 (qemu-user) ----
+
+_REPLAY = """
+import hashlib, numpy as np, lbbsp
+try:
+    from numpy._core._multiarray_umath import __cpu_features__ as cpu
+except ImportError:
+    from numpy.core._multiarray_umath import __cpu_features__ as cpu
+rng = np.random.default_rng(3)
+W, X, T = 6, 384, 80
+cap = np.clip(0.3 + 0.7 * rng.random((T, W)), 0.05, 1.0)
+digest = hashlib.sha256()
+for name in ["lbbsp-cpu:narx", "lbbsp-cpu:arima", "lbbsp-cpu:ema", "lbbsp-gpu", "oracle", "random:5"]:
+    b = lbbsp.Balancer(name, workers=W, global_batch=X, seed=1, num_exo=3, capacity_exo=0)
+    sizes = b.initial()
+    for t in range(T - 1):
+        exo = np.stack([cap[t], np.full(W, 0.8), np.full(W, 0.1)], axis=1)
+        sizes = b.next(batch=sizes, compute_s=(sizes + 1) * 0.001 / cap[t], exo=exo, capacity=cap[t],
+                       capacity_next=cap[t + 1])
+        digest.update(sizes.tobytes())
+print(bool(cpu.get("AVX512F")), digest.hexdigest())
+"""
+
+
+def test_same_decisions_on_a_cpu_without_avx512():
+    """The wheel (-march=x86-64-v3) decides alike on this CPU and on qemu-user's emulated x86-64 with AVX2 but no
+    AVX-512 (an older node): 6 balancers, 79 decisions each. qemu-user comes from scripts/setup.sh."""
+    import sys
+    native = subprocess.run([sys.executable, "-c", _REPLAY], capture_output=True, text=True, check=True)
+    emulated = subprocess.run(["qemu-x86_64", "-cpu", "max", sys.executable, "-c", _REPLAY], capture_output=True,
+                              text=True, check=True, timeout=600)
+    avx512, digest = emulated.stdout.split()
+    assert avx512 == "False", "qemu's CPU should have no AVX-512 for this test to mean something"
+    assert native.stdout.split()[1] == digest, (native.stdout, emulated.stdout)
+
+
 # ---- one table of names: the package reads them, and the /proc monitor, from the C++ core ----
 
 

@@ -253,6 +253,7 @@ def _bad_args_worker(rank, world, store, out):
         "too_big": dict(dataset_size=100, global_batch=200),
         "lag": dict(dataset_size=100, global_batch=10, lag=-1),
         "timeout": dict(dataset_size=100, global_batch=10, timeout_s=0),
+        "timeout_bool": dict(dataset_size=100, global_batch=10, timeout_s=True),
         "model": dict(dataset_size=100, global_batch=10, model=torch.nn.Linear(2, 2)),
     }
     messages = {}
@@ -264,6 +265,7 @@ def _bad_args_worker(rank, world, store, out):
         except (ValueError, TypeError) as e:
             messages[name] = f"{type(e).__name__}: {e}"
     lb = LoadBalancer(None, dataset_size=100, global_batch=10, monitor=fixed_metrics)
+    messages["default_timeout_s"] = lb.timeout_s
     try:
         lb.indices(0, 10)
     except ValueError as e:
@@ -281,7 +283,9 @@ def test_bad_arguments_raise_on_every_rank(tmp_path):
     assert "global_batch must be >= 1" in m0["global_batch"]
     assert "exceeds dataset_size" in m0["too_big"]
     assert "lag must be >= 0" in m0["lag"]
-    assert "timeout_s must be a positive" in m0["timeout"]
+    assert "timeout_s must be a positive" in m0["timeout"] and "timeout_s must be" in m0["timeout_bool"]
+    # By default a long phase on one rank between steps may last as long as a PyTorch collective may wait.
+    assert m0["default_timeout_s"] == dist.default_pg_timeout.total_seconds() == 1800.0
     assert "must be a DistributedDataParallel" in m0["model"]
     assert "past the epoch's 10 steps" in m0["step"]
 

@@ -43,7 +43,9 @@ class LoadBalancer:
             every process of the world builds its LoadBalancer at the same point, each with its own group
             (the control groups are made by every process, as PyTorch requires).
         timeout_s: a rank whose report does not arrive within this many seconds ends the step with an error
-            naming it.
+            naming it. None (default): PyTorch's default process-group timeout (``dist.default_pg_timeout``,
+            30 min), so a long phase on one rank between steps (a rank-0-only evaluation or checkpoint) ends the
+            job no sooner than a collective of PyTorch's own would; set it lower to name a hung rank sooner.
         monitor: a callable returning this rank's [cpu_avail, mem_avail, load] for the step just done
             (default: ResourceMonitor().sample, from /proc as the C++ runtime measures them).
         check_loss: warn (once) when a backward pass reaches the gradient allreduce in a step in which
@@ -65,7 +67,7 @@ class LoadBalancer:
 
     def __init__(self, model: Optional[torch.nn.Module], dataset_size: int, global_batch: int,
                  balancer: str = "lbbsp-cpu", predictor: str = "narx", seed: int = 1, min_batch: int = 0,
-                 lag: Optional[int] = None, process_group: Optional[dist.ProcessGroup] = None, timeout_s: float = 300.0,
+                 lag: Optional[int] = None, process_group: Optional[dist.ProcessGroup] = None, timeout_s: Optional[float] = None,
                  monitor: Optional[Callable[[], List[float]]] = None, check_loss: bool = True,
                  micro_batches: int = 1) -> None:
         if not dist.is_available() or not dist.is_initialized():
@@ -77,8 +79,11 @@ class LoadBalancer:
         self._auto_lag = lag is None
         self.lag = 0 if lag is None else _positive_int(lag, "lag", 0)
         self.seed = _positive_int(seed, "seed", 0)
-        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-            raise ValueError(f"LoadBalancer: timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if timeout_s is None:
+            timeout_s = dist.default_pg_timeout.total_seconds()
+        if isinstance(timeout_s, bool) or not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"LoadBalancer: timeout_s must be a positive number of seconds or None (PyTorch's "
+                             f"default process-group timeout), got {timeout_s!r}")
         self.timeout_s = float(timeout_s)
         self._ranks = group_ranks(process_group)
         if dist.get_rank() not in self._ranks:
