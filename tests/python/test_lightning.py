@@ -216,3 +216,42 @@ def test_example_runs(tmp_path):
                           "1:0.002"], capture_output=True, text=True, timeout=500)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert "val_accuracy 0." in run.stdout or "val_accuracy 1." in run.stdout, run.stdout
+
+
+_POPEN_SCRIPT = """
+import sys
+import lightning.pytorch as pl
+from lbbsp.lightning import LoadBalancedDDP
+from test_lightning import Net
+from test_torch import fixed_metrics
+
+if __name__ == "__main__":  # Lightning's default launcher runs this file again for ranks 1 and 2
+    strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics)  # start_method "popen"
+    trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=2, precision="64-true",
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(Net(sys.argv[1]))
+"""
+
+
+def test_lightning_script_launcher_equals_one_process(tmp_path):
+    """A training script run as `python train.py` with devices=3: Lightning's default (popen) launcher starts ranks
+    1 and 2 as new processes of the same script, which build their own strategy and balancer."""
+    import subprocess
+    import sys
+    script = tmp_path / "train.py"
+    script.write_text(_POPEN_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)),
+                                                        os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    got = [pickle.load(open(tmp_path / f"lightning-{r}.pkl", "rb")) for r in range(3)]
+    sizes = np.array(got[0]["sizes"])
+    assert sizes.shape == (20, 3) and (sizes.sum(axis=1) == 24).all(), sizes
+    assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
+    assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
+    ref = one_process(20, 24, mean=True)
+    for r, g in enumerate(got):
+        rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
+        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
