@@ -255,6 +255,14 @@ void register_all(int threads) {
     b->MeasureProcessCPUTime();  // cpu_time: all threads together
     if (threads > 1) b->UseRealTime();
   }
+  // A rank's batch changes every iteration: the same step over batches 1..512 (scripts/batch_sweep.sh).
+  for (const char* kind : {"logreg", "mlp", "cnn"}) {
+    auto* b = benchmark::RegisterBenchmark((std::string("train_sweep/") + kind).c_str(), train_step,
+                                           std::string(kind));
+    b->ArgName("batch")->Unit(benchmark::kMicrosecond)->MeasureProcessCPUTime();
+    for (int batch : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512}) b->Arg(batch);
+    if (threads > 1) b->UseRealTime();
+  }
 }
 
 }  // namespace
