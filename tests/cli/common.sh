@@ -25,10 +25,13 @@ rank_pids() {
   exe=$(readlink -f "$LBBSP")
   pgrep -f -- "$1" | while read -r p; do [[ $(readlink /proc/$p/exe 2>/dev/null) == "$exe" ]] && echo "$p"; done || true
 }
-has_rank() { [[ -n $(rank_pids "$1") ]]; }
+# The pid is taken from the same look that found it: a second look can miss a rank whose /proc/PID/exe is
+# unreadable for a moment while it re-executes itself (seen on one core: `kill: '': not a pid`).
+FOUND_RANK_PID=""
+has_rank() { FOUND_RANK_PID=$(rank_pids "$1" | tail -n 1); [[ -n $FOUND_RANK_PID ]]; }
 find_rank_pid() {
   wait_until 30 has_rank "$1" || fail "no lbbsp rank with '$1' on its command line within 30 s"
-  rank_pids "$1" | tail -n 1
+  echo "$FOUND_RANK_PID"
 }
 # kill_rank_expect_prompt_end PID JOB: SIGKILL the rank; the job (a background pid) must end non-zero within 30 s.
 kill_rank_expect_prompt_end() {
