@@ -60,6 +60,18 @@ class MicroNet(Net):
         pickle.dump(self.micro, open(os.path.join(self.out, f"micro-{self.trainer.global_rank}.pkl"), "wb"))
 
 
+def assert_random5_equals_one_process(got, sizes):
+    """3 ranks, random:5 over 2 epochs of 240 samples, global batch 24: 20 steps whose sizes every rank agrees on,
+    some rank given 0 samples, and every rank's parameters equal to one process's to 1e-10."""
+    assert sizes.shape == (20, 3) and (sizes.sum(axis=1) == 24).all(), sizes  # 240 samples: 10 steps per epoch
+    assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
+    assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
+    ref = one_process(20, 24, mean=True)
+    for r, g in enumerate(got):
+        rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
+        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
+
+
 def test_lightning_with_gradient_accumulation_equals_one_process(tmp_path):
     strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method="spawn")
     trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=2, precision="64-true",
@@ -71,14 +83,8 @@ def test_lightning_with_gradient_accumulation_equals_one_process(tmp_path):
     assert micro.shape == (3, 40), micro.shape  # 20 steps x 2 micro-batches
     sizes = np.array(got[0]["sizes"])[::2]  # recorded at every micro-batch
     assert (micro[:, ::2] + micro[:, 1::2] == sizes.T).all(), (micro, sizes)
-    assert sizes.shape == (20, 3) and (sizes.sum(axis=1) == 24).all(), sizes  # 240 samples: 10 steps per epoch
-    assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
-    assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
     assert "lbbsp/batch_size" in got[0]["logged"], got[0]["logged"]
-    ref = one_process(20, 24, mean=True)
-    for r, g in enumerate(got):
-        rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
-        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
+    assert_random5_equals_one_process(got, sizes)
 
 
 class HangNet(Net):
@@ -247,11 +253,4 @@ def test_lightning_script_launcher_equals_one_process(tmp_path):
                          text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     got = [pickle.load(open(tmp_path / f"lightning-{r}.pkl", "rb")) for r in range(3)]
-    sizes = np.array(got[0]["sizes"])
-    assert sizes.shape == (20, 3) and (sizes.sum(axis=1) == 24).all(), sizes
-    assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
-    assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
-    ref = one_process(20, 24, mean=True)
-    for r, g in enumerate(got):
-        rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
-        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
+    assert_random5_equals_one_process(got, np.array(got[0]["sizes"]))
