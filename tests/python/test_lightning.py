@@ -13,7 +13,8 @@ import torch.nn.functional as F
 pl = pytest.importorskip("lightning.pytorch", reason="lightning is not installed (python.torch2 installs it)")
 
 from lbbsp.lightning import LoadBalancedDDP  # noqa: E402
-from test_torch import CLASSES, data, fixed_metrics, make_model, one_process, synth_images  # noqa: E402
+from test_torch import (CLASSES, assert_random5_equals_one_process, data, fixed_metrics, make_model,  # noqa: E402
+                        one_process, synth_images)
 
 
 class Net(pl.LightningModule):
@@ -58,18 +59,6 @@ class MicroNet(Net):
     def on_train_end(self):
         super().on_train_end()
         pickle.dump(self.micro, open(os.path.join(self.out, f"micro-{self.trainer.global_rank}.pkl"), "wb"))
-
-
-def assert_random5_equals_one_process(got, sizes):
-    """3 ranks, random:5 over 2 epochs of 240 samples, global batch 24: 20 steps whose sizes every rank agrees on,
-    some rank given 0 samples, and every rank's parameters equal to one process's to 1e-10."""
-    assert sizes.shape == (20, 3) and (sizes.sum(axis=1) == 24).all(), sizes  # 240 samples: 10 steps per epoch
-    assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
-    assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
-    ref = one_process(20, 24, mean=True)
-    for r, g in enumerate(got):
-        rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
-        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
 
 
 def test_lightning_with_gradient_accumulation_equals_one_process(tmp_path):
