@@ -7,9 +7,10 @@ namespace lbbsp::models {
 
 namespace {
 
-// Below this many multiply-adds (about 40 us on one core) waking a sleeping OpenMP thread costs more than the
-// split saves (2 threads: logistic regression at batch 256 took 1.46x the CPU time per step at 2^20).
-constexpr double kParallelMinFma = double(1 << 22);
+// Below this many multiply-adds (about 10 us on one core) a split saves less than it costs, even with the
+// other thread awake (spinning since the last parallel loop; runtime/kernel_env.hpp). MLP at 2 threads, batch
+// 64: 1.27x one thread at 2^22, 1.73x at 2^20, 1.55x at 2^18.
+constexpr double kParallelMinFma = double(1 << 20);
 
 void blas_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                const float* b, int ldb, float beta, float* c, int ldc) {
@@ -21,6 +22,10 @@ void blas_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, con
 
 void blas_use_one_thread() {
   openblas_set_num_threads(1);
+}
+
+const char* blas_core() {
+  return openblas_get_corename();
 }
 
 void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,

@@ -9,6 +9,10 @@ namespace lbbsp::models {
 // Sets the BLAS to one thread per call (gemm does this on first use; set_num_threads does it too).
 void blas_use_one_thread();
 
+// The core whose kernels OpenBLAS runs ("Haswell", "SkylakeX", ...): its pick for this CPU when it loaded, or
+// OPENBLAS_CORETYPE's.
+const char* blas_core();
+
 // op(A) is m x k, op(B) is k x n, C is m x n; lda/ldb/ldc are the row strides of the stored matrices.
 void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
           const float* b, int ldb, float beta, float* c, int ldc);

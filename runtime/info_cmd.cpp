@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "models/cuda/cuda_models.hpp"
+#include "models/gemm.hpp"
 #include "models/model.hpp"
 #include "models/simd.hpp"
 #include "runtime/comm.hpp"
@@ -31,6 +32,11 @@ void add_info_command(CLI::App& app) {
       std::printf("topology: %s\n", runtime::describe_topology().c_str());
       std::printf("kernel threads: %d, vector kernels: %s (docs/threads.md)\n", models::num_threads(),
                   models::simd::kName);
+      const char* spin = std::getenv("GOMP_SPINCOUNT");
+      std::printf("blas kernels: OpenBLAS %s; idle OpenMP threads: %s\n", models::blas_core(),
+                  spin ? ("spin " + std::string(spin) + " times, then sleep").c_str()
+                  : std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY")
+                                                   : "libgomp default");
       std::printf("nodes: %d, ranks per node %d-%d\n", comm.nodes(), comm.min_local_size(),
                   comm.max_local_size());
     }

@@ -8,6 +8,7 @@
 
 #include "runtime/comm.hpp"
 #include "runtime/commands.hpp"
+#include "runtime/kernel_env.hpp"
 
 namespace {
 
@@ -34,19 +35,9 @@ std::string config_problem(const CLI::ParseError& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // OpenMP threads that spin after each parallel region take the cores from whatever else runs there (other
-  // ranks, and before the BLAS ran single-threaded, OpenBLAS's own threads: a 50x slow-down measured at 2
-  // threads; docs/threads.md). libgomp reads OMP_WAIT_POLICY when it loads, so set it and re-exec once.
-  if (!std::getenv("OMP_WAIT_POLICY")) {
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    // Exec the resolved path, not /proc/self/exe, so that the process keeps its name (ps, pgrep, top).
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n > 0) {
-      self[n] = '\0';
-      execv(self, argv);  // on failure carry on with the spinning default
-    }
-  }
+  // libgomp reads its settings when it loads: bound how long idle OpenMP threads spin and run again once
+  // (docs/threads.md).
+  lbbsp::runtime::reexec_with_kernel_environment(argv);
   CLI::App app{
       "lbbsp: straggler-free synchronous data-parallel training (LB-BSP semi-dynamic load balancing)"};
   app.set_version_flag("--version", std::string("lbbsp ") + LBBSP_VERSION);

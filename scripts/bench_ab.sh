@@ -21,7 +21,6 @@ done
 for bin in "$a" "$b"; do [[ -x $bin ]] || { echo "bench_ab.sh: '$bin' is not an executable bench_models" >&2; exit 1; }; done
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}  # as lbbsp sets for itself
 IFS=, read -ra thread_counts <<<"$threads"
 for ((r = 0; r < rounds; ++r)); do
   for t in "${thread_counts[@]}"; do

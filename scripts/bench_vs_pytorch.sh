@@ -67,8 +67,8 @@ IFS=, read -ra thread_counts <<<"$threads_list"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # The BLAS runs one thread per call inside our kernels (docs/threads.md); PyTorch gets the same thread count.
-# Waiting OpenMP threads sleep, as lbbsp sets for itself (PyTorch's bundled libgomp reads the same variable).
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# bench_models bounds its idle threads' spinning as lbbsp does (runtime/kernel_env.hpp); PyTorch runs with its
+# own defaults, as its users run it.
 for ((r = 0; r < rounds; ++r)); do
   for t in "${thread_counts[@]}"; do
     OMP_NUM_THREADS=$t "$bench" --threads="$t" --benchmark_filter='^(train_step/|peak/)' --benchmark_min_time="$min_time" \

@@ -1,5 +1,5 @@
 // Runtime pieces that need no MPI: the dataset reader (in memory and out of core), the epoch permutation,
-// straggler specs and emulation, and the timeline's always-valid JSON.
+// straggler specs and emulation, the timeline's always-valid JSON, and the kernels' environment.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "runtime/dataset.hpp"
+#include "runtime/kernel_env.hpp"
 #include "runtime/straggler.hpp"
 #include "runtime/telemetry.hpp"
 #include "runtime/trainer.hpp"
@@ -250,4 +251,33 @@ TEST(Timeline, IsValidJsonAfterEveryFlush) {
   t.complete(1, "wait", "wait", 0.003, 0.001, "");
   t.sync();
   EXPECT_EQ(parse().size(), 3u);
+}
+
+// The spin bound is set only where the user set neither libgomp variable, and is a count libgomp accepts.
+TEST(KernelEnvironment, SetsTheSpinCountOnlyWhenTheUserSetNoWaitingPolicy) {
+  const char* saved_policy = std::getenv("OMP_WAIT_POLICY");
+  const char* saved_spin = std::getenv("GOMP_SPINCOUNT");
+  const std::string policy = saved_policy ? saved_policy : "", spin = saved_spin ? saved_spin : "";
+  unsetenv("OMP_WAIT_POLICY");
+  unsetenv("GOMP_SPINCOUNT");
+  const std::vector<EnvSetting> settings = kernel_environment();
+  ASSERT_EQ(settings.size(), 1u);
+  EXPECT_EQ(settings[0].name, "GOMP_SPINCOUNT");
+  const long count = std::stol(settings[0].value);
+  EXPECT_GE(count, 100);
+  EXPECT_LE(count, 1000000);
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  EXPECT_TRUE(kernel_environment().empty());
+  unsetenv("OMP_WAIT_POLICY");
+  setenv("GOMP_SPINCOUNT", "1234", 1);
+  EXPECT_TRUE(kernel_environment().empty());
+  unsetenv("GOMP_SPINCOUNT");
+  if (saved_policy) setenv("OMP_WAIT_POLICY", policy.c_str(), 1);
+  if (saved_spin) setenv("GOMP_SPINCOUNT", spin.c_str(), 1);
+}
+
+// More microseconds, more spins (each count from its own calibration, so only the order is checked, with a
+// factor of 100 between the times asked).
+TEST(KernelEnvironment, SpinCountGrowsWithTheTimeAsked) {
+  EXPECT_LT(spin_count_for(20.0), spin_count_for(2000.0));
 }
