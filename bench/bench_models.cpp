@@ -4,6 +4,7 @@
 // is samples/s, GFLOP/s uses Model::flops_per_sample (GEMM work of forward + backward).
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,11 +15,13 @@
 #include "models/activation.hpp"
 #include "models/conv.hpp"
 #include "models/dense.hpp"
+#include "models/gemm.hpp"
 #include "models/model.hpp"
 #include "models/optimizer.hpp"
 #include "models/pool.hpp"
 #include "models/simd.hpp"
 #include "models/softmax_xent.hpp"
+#include "runtime/kernel_env.hpp"
 
 namespace lbbsp::models {
 namespace {
@@ -44,7 +47,9 @@ void set_rates(benchmark::State& state, int64_t samples_per_iter, double flops_p
       benchmark::Counter(flops_per_iter * double(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
 }
 
-void train_step(benchmark::State& state, const std::string& kind) {
+// idle_us > 0: that long outside the timing before each step, the main thread polling as Open MPI's allreduce
+// does: the other kernel threads have gone to sleep by then and the step's first parallel loop wakes them.
+void train_step(benchmark::State& state, const std::string& kind, int idle_us) {
   const int batch = int(state.range(0));
   ModelConfig cfg;
   cfg.kind = kind;
@@ -55,6 +60,13 @@ void train_step(benchmark::State& state, const std::string& kind) {
   const auto y = random_labels(batch, cfg.classes, 3);
   Sgd sgd(params.size(), 0.9, 5e-4);
   for (auto _ : state) {
+    if (idle_us > 0) {
+      state.PauseTiming();
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(idle_us);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      state.ResumeTiming();
+    }
     std::fill(grad.begin(), grad.end(), 0.0f);
     const StepStats s = model->forward_backward(params.data(), x.data(), y.data(), batch, grad.data());
     sgd.step(params.data(), grad.data(), batch, 0.01);
@@ -250,15 +262,16 @@ void register_all(int threads) {
   benchmark::RegisterBenchmark("peak/fma", fma_peak_bench)->MeasureProcessCPUTime();
   for (const char* kind : {"logreg", "mlp", "cnn"}) {
     auto* b = benchmark::RegisterBenchmark((std::string("train_step/") + kind).c_str(), train_step,
-                                           std::string(kind));
+                                           std::string(kind), 0);
     b->ArgName("batch")->Arg(32)->Arg(64)->Arg(256)->Unit(benchmark::kMicrosecond);
     b->MeasureProcessCPUTime();  // cpu_time: all threads together
     if (threads > 1) b->UseRealTime();
   }
-  // A rank's batch changes every iteration: the same step over batches 1..512 (scripts/batch_sweep.sh).
+  // A rank's batch changes every iteration: the same step over batches 1..512 (scripts/batch_sweep.py), each
+  // after 200 us of polling, as after an allreduce.
   for (const char* kind : {"logreg", "mlp", "cnn"}) {
     auto* b = benchmark::RegisterBenchmark((std::string("train_sweep/") + kind).c_str(), train_step,
-                                           std::string(kind));
+                                           std::string(kind), 200);
     b->ArgName("batch")->Unit(benchmark::kMicrosecond)->MeasureProcessCPUTime();
     for (int batch : {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512}) b->Arg(batch);
     if (threads > 1) b->UseRealTime();
@@ -269,6 +282,7 @@ void register_all(int threads) {
 }  // namespace lbbsp::models
 
 int main(int argc, char** argv) {
+  lbbsp::runtime::reexec_with_kernel_environment(argv);  // time the kernels as `lbbsp train` runs them
   int threads = 1;
   int kept = 1;
   for (int i = 1; i < argc; ++i) {  // take --threads=N out before Google Benchmark parses the rest
@@ -281,6 +295,8 @@ int main(int argc, char** argv) {
   lbbsp::models::set_num_threads(threads);
   benchmark::AddCustomContext("lbbsp_threads", std::to_string(threads));
   benchmark::AddCustomContext("lbbsp_simd", lbbsp::models::simd::kName);
+  benchmark::AddCustomContext("lbbsp_blas_core", lbbsp::models::blas_core());
+  if (const char* spin = std::getenv("GOMP_SPINCOUNT")) benchmark::AddCustomContext("gomp_spincount", spin);
   lbbsp::models::register_all(threads);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -34,7 +34,7 @@ void bias_relu_forward_ref(float* y, const float* bias, int rows, int channels, 
 }
 
 void relu_backward(const float* y, float* dy, size_t count) {
-#pragma omp parallel for simd schedule(static) if (int64_t(count) > kParallelMinElements)
+#pragma omp parallel for simd schedule(static) if (parallel : int64_t(count) > kParallelMinElements)
   for (size_t i = 0; i < count; ++i) dy[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 

@@ -52,6 +52,7 @@ class Cnn final : public Model {
   StepStats forward_backward(const float* params, const float* x, const uint8_t* y, int n,
                              float* grad) override {
     check_labels(y, n, classes_);
+    const OneThreadScope small_step(step_runs_on_one_thread(flops_per_sample() * n));
     // Groups of at most kGroupSamples, one after another, bound the memory the per-micro-batch gradients
     // take.
     StepStats total;
@@ -80,9 +81,15 @@ class Cnn final : public Model {
   }
 
  private:
-  // 16 samples: their feature maps stay in a core's cache, and a batch of 64 already splits over 4 threads.
-  static constexpr int kMicroBatch = 16;
+  // Micro-batches of up to 16 samples (their feature maps stay in a core's cache); a group has at least
+  // kMinMicroBatches of them (or one per sample) so that up to that many threads each run whole ones.
+  static constexpr int kMicroBatch = 16, kMinMicroBatches = 4;
   static constexpr int kGroupSamples = 64 * kMicroBatch;  // 64 gradients of the 28x28 CNN: 7 MiB
+
+  // A function of the group's size alone, so the gradient does not depend on the threads.
+  static int micro_batch_size(int n) {
+    return std::clamp((n + kMinMicroBatches - 1) / kMinMicroBatches, 1, kMicroBatch);
+  }
 
   // One thread's feature maps, their gradients and the convolutions' scratch, reused across calls.
   struct Scratch {
@@ -91,25 +98,32 @@ class Cnn final : public Model {
     ConvWorkspace conv;
   };
 
-  // Up to kGroupSamples samples as micro-batches of a fixed size, each summing its gradient into a partial of
-  // its own; the partials are then added in micro-batch order. So the result depends on n alone, not on the
-  // threads, and with at least as many micro-batches as threads each thread runs whole micro-batches on its
-  // own (no barrier inside the network; the kernels' loops run on that one thread). With fewer, the
-  // micro-batches run one after another with every thread inside each layer.
+  // Up to kGroupSamples samples as micro-batches (micro_batch_size), each summing its gradient into a partial
+  // of its own; the partials are then added in micro-batch order. So the result depends on n alone, not on
+  // the threads. Each thread runs whole micro-batches on its own (no barrier inside the network; the kernels'
+  // loops run on that one thread); a group of one micro-batch runs on one thread: splitting a single sample's
+  // layers over threads cost more than it saved (2 threads at batch 1: 0.43x of one).
   StepStats group(const float* params, const float* x, const uint8_t* y, int n, float* grad) {
-    const int batches = (n + kMicroBatch - 1) / kMicroBatch, threads = omp_get_max_threads();
+    const int size = micro_batch_size(n), batches = (n + size - 1) / size;
+    const int team = std::min(omp_get_max_threads(), batches);
     const size_t params_count = layout_.size();
     float* partials = ensure_size(partials_, size_t(batches) * params_count);
     std::vector<StepStats>& stats = stats_;
     stats.assign(batches, StepStats{});
-    if (scratch_.size() < size_t(threads)) scratch_.resize(threads);
-#pragma omp parallel for schedule(dynamic, 1) if (threads > 1 && batches >= threads)
-    for (int b = 0; b < batches; ++b) {
-      const int s0 = b * kMicroBatch, count = std::min(kMicroBatch, n - s0);
+    if (scratch_.size() < size_t(team)) scratch_.resize(team);
+    const auto run = [&](int b) {
+      const int s0 = b * size, count = std::min(size, n - s0);
       float* partial = partials + size_t(b) * params_count;
       std::fill(partial, partial + params_count, 0.0f);
       stats[b] = micro_batch(params, x + size_t(s0) * in_.size(), y + s0, count, partial,
                              scratch_[omp_get_thread_num()]);
+    };
+    if (team > 1) {
+#pragma omp parallel for num_threads(team) schedule(dynamic, 1)
+      for (int b = 0; b < batches; ++b) run(b);
+    } else {
+      const OneThreadScope one_thread;  // the kernels' own loops stay on this thread
+      for (int b = 0; b < batches; ++b) run(b);
     }
     add_partials(partials, batches, grad);
     StepStats total;

@@ -52,6 +52,7 @@ class Mlp final : public Model {
                              float* grad) override {
     check_labels(y, n, classes());
     if (n == 0) return {};
+    const OneThreadScope small_step(step_runs_on_one_thread(flops_per_sample() * n));
     const float* logits = forward(params, x, n);
     float* d = ensure_size(delta_, size_t(n) * max_width());
     float* d_next = ensure_size(delta_next_, size_t(n) * max_width());

@@ -81,4 +81,14 @@ int num_threads() {
   return g_threads > 0 ? g_threads : omp_get_max_threads();
 }
 
+OneThreadScope::OneThreadScope(bool active) {
+  if (!active) return;
+  saved_ = omp_get_max_threads();
+  omp_set_num_threads(1);
+}
+
+OneThreadScope::~OneThreadScope() {
+  if (saved_ > 0) omp_set_num_threads(saved_);
+}
+
 }  // namespace lbbsp::models

@@ -65,4 +65,25 @@ std::unique_ptr<Model> make_model(const ModelConfig& cfg);
 void set_num_threads(int n);
 int num_threads();
 
+// Within its scope (when `active`) the calling thread's parallel loops run on it alone; the thread count is
+// restored after.
+class OneThreadScope {
+ public:
+  explicit OneThreadScope(bool active = true);
+  ~OneThreadScope();
+  OneThreadScope(const OneThreadScope&) = delete;
+  OneThreadScope& operator=(const OneThreadScope&) = delete;
+
+ private:
+  int saved_ = 0;
+};
+
+// A training step of fewer flops runs on one thread: its first parallel loop wakes the other threads, asleep
+// since the allreduce (30-100 us on a VM, docs/threads.md), and a step this small (about 300 us on one core)
+// does not win that back. MLP: up to 33 samples; CNN: up to 2.
+constexpr double kParallelMinStepFlops = double(1 << 25);
+inline bool step_runs_on_one_thread(double flops) {
+  return flops < kParallelMinStepFlops;
+}
+
 }  // namespace lbbsp::models

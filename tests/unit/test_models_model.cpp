@@ -1,5 +1,6 @@
 // Model contract: factory checks, parameter layout, deterministic init, sum-not-mean gradients, determinism.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <numeric>
@@ -215,9 +216,9 @@ TEST(ModelStep, BitIdenticalForTheSameThreadCount) {
 
 // The CNN's vector convolutions sum every output element on one thread in a fixed order
 // (models/conv_simd.cpp), its fc layer is below gemm's split size at 28x28, and its micro-batches' gradients
-// are added in a fixed order: its gradient is the same bits for 1 thread, 2 and 3 (70 samples = 5
-// micro-batches, each thread running whole ones) and 8 (more threads than micro-batches: every thread inside
-// each layer). (A portable build's im2col GEMMs are split by rows: there only closeness in norm holds.)
+// are added in a fixed order: its gradient is the same bits for 1 thread, 2, 3 and 8 (70 samples = 5
+// micro-batches, each thread running whole ones; at 8 threads five run one each). (A portable build's im2col
+// GEMMs are split by rows: there only closeness in norm holds.)
 TEST(ModelStep, CnnGradientDoesNotDependOnTheThreadCount) {
   Fixture f(config("cnn"), 70);
   set_num_threads(1);
@@ -235,6 +236,22 @@ TEST(ModelStep, CnnGradientDoesNotDependOnTheThreadCount) {
 #endif
   }
   set_num_threads(1);
+}
+
+// One sample is one micro-batch: it runs on one thread (its layers are not split over the others), gives the
+// bits of a 1-thread run, and leaves the thread count as it was.
+TEST(ModelStep, CnnSingleSampleRunsOnOneThreadAndKeepsTheThreadCount) {
+  Fixture f(config("cnn"), 1);
+  set_num_threads(1);
+  auto [g1, s1] = f.grad(0, 1);
+  set_num_threads(2);
+  auto [g2, s2] = f.grad(0, 1);
+  EXPECT_EQ(omp_get_max_threads(), 2);
+  set_num_threads(1);
+#ifdef LBBSP_SIMD_LANES
+  EXPECT_EQ(g2, g1);
+  EXPECT_EQ(s2.loss_sum, s1.loss_sum);
+#endif
 }
 
 // A slice above the CNN's group size (1,024 samples) runs as several groups of micro-batches, one after
