@@ -6,6 +6,7 @@ thread counts: a markdown table of samples/s per batch (and each thread count's 
 
 usage: scripts/batch_sweep.py [--bench build/bench/bench_models] [--threads 1,2] [--min-time 0.2] [--rounds 3]
                               [--png FILE]
+Wall time at every thread count (bench_models' sweep polls 200 us before each step, as after an allreduce).
 Each round runs every thread count once, one after the other; a cell is the best of the rounds (a noisy host
 only ever slows a run down).
 """
