@@ -118,13 +118,9 @@ class Cnn final : public Model {
       stats[b] = micro_batch(params, x + size_t(s0) * in_.size(), y + s0, count, partial,
                              scratch_[omp_get_thread_num()]);
     };
-    if (team > 1) {
-#pragma omp parallel for num_threads(team) schedule(dynamic, 1)
-      for (int b = 0; b < batches; ++b) run(b);
-    } else {
-      const OneThreadScope one_thread;  // the kernels' own loops stay on this thread
-      for (int b = 0; b < batches; ++b) run(b);
-    }
+    const OneThreadScope one_thread(team == 1);  // then the kernels' own loops stay on this thread too
+#pragma omp parallel for num_threads(team) schedule(dynamic, 1) if (team > 1)
+    for (int b = 0; b < batches; ++b) run(b);
     add_partials(partials, batches, grad);
     StepStats total;
     for (const StepStats& part : stats) total.loss_sum += part.loss_sum, total.correct += part.correct;

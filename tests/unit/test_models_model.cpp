@@ -238,14 +238,18 @@ TEST(ModelStep, CnnGradientDoesNotDependOnTheThreadCount) {
   set_num_threads(1);
 }
 
+// The gradient of the fixture's first n samples at `threads` threads (left set).
+auto grad_at_threads(Fixture& f, int n, int threads) {
+  set_num_threads(threads);
+  return f.grad(0, n);
+}
+
 // One sample is one micro-batch: it runs on one thread (its layers are not split over the others), gives the
 // bits of a 1-thread run, and leaves the thread count as it was.
 TEST(ModelStep, CnnSingleSampleRunsOnOneThreadAndKeepsTheThreadCount) {
   Fixture f(config("cnn"), 1);
-  set_num_threads(1);
-  auto [g1, s1] = f.grad(0, 1);
-  set_num_threads(2);
-  auto [g2, s2] = f.grad(0, 1);
+  auto [g1, s1] = grad_at_threads(f, 1, 1);
+  auto [g2, s2] = grad_at_threads(f, 1, 2);
   EXPECT_EQ(omp_get_max_threads(), 2);
   set_num_threads(1);
 #ifdef LBBSP_SIMD_LANES
@@ -258,10 +262,8 @@ TEST(ModelStep, CnnSingleSampleRunsOnOneThreadAndKeepsTheThreadCount) {
 // another: still the same bits for any thread count.
 TEST(ModelStep, CnnLargeSliceDoesNotDependOnTheThreadCount) {
   Fixture f(config("cnn"), 1100);
-  set_num_threads(1);
-  auto [g1, s1] = f.grad(0, 1100);
-  set_num_threads(2);
-  auto [g2, s2] = f.grad(0, 1100);
+  auto [g1, s1] = grad_at_threads(f, 1100, 1);
+  auto [g2, s2] = grad_at_threads(f, 1100, 2);
   set_num_threads(1);
 #ifdef LBBSP_SIMD_LANES
   EXPECT_EQ(g2, g1);
