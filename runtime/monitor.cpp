@@ -22,9 +22,6 @@ double own_cpu_seconds() {
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
-double wall_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // The whole of a /proc file in `out` (empty if unreadable). One read(2) loop and no iostreams: sample() runs
 // once per iteration, and with streams it took 80-97 us on the 2-CPU development VM, now 36-56 us, most of it
@@ -87,7 +84,6 @@ ResourceMonitor::ResourceMonitor() : cpus_(allowed_cpus()) {
   online_cpus_ = std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN));
   last_ = read_cpu_times();
   last_own_s_ = own_cpu_seconds();
-  last_wall_s_ = wall_seconds();
 }
 
 ResourceMonitor::CpuTimes ResourceMonitor::read_cpu_times() {
@@ -119,14 +115,24 @@ ResourceMetrics ResourceMonitor::sample() {
   const bool repinned = cpus != cpus_;
   if (repinned) cpus_ = std::move(cpus);
   CpuTimes now = read_cpu_times();
-  double own = own_cpu_seconds(), wall = wall_seconds();
-  double total_s = static_cast<double>(now.total - last_.total) / ticks_per_s_;
-  double busy_s = static_cast<double>(now.busy - last_.busy) / ticks_per_s_;
-  double others_s = std::max(0.0, busy_s - (own - last_own_s_));
-  if (total_s > 0 && !repinned) m.cpu_avail = std::clamp(1.0 - others_s / total_s, 0.0, 1.0);
-  last_ = now;
-  last_own_s_ = own;
-  last_wall_s_ = wall;
+  const double own = own_cpu_seconds();
+  // /proc/stat counts in ticks (10 ms): an interval of a few ticks or less reads as all ours or all theirs,
+  // so the window grows over samples until it spans kWindowTicks per CPU, and the last full window's value
+  // is reported meanwhile (iterations of a millisecond would otherwise read 1 nearly always).
+  const uint64_t cpus_counted = cpus_.empty() ? uint64_t(online_cpus_) : cpus_.size();
+  const bool window_done = now.total - last_.total >= kWindowTicks * cpus_counted;
+  if (window_done && !repinned) {
+    const double total_s = static_cast<double>(now.total - last_.total) / ticks_per_s_;
+    const double busy_s = static_cast<double>(now.busy - last_.busy) / ticks_per_s_;
+    const double others_s = std::max(0.0, busy_s - (own - last_own_s_));
+    cpu_avail_ = std::clamp(1.0 - others_s / total_s, 0.0, 1.0);
+  }
+  if (repinned) cpu_avail_ = 1.0;
+  if (window_done || repinned) {  // a new window starts here
+    last_ = now;
+    last_own_s_ = own;
+  }
+  m.cpu_avail = cpu_avail_;
 
   uint64_t total = 0, avail = 0;  // kB
   read_proc_file("/proc/meminfo", text_);

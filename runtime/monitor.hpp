@@ -7,7 +7,9 @@
 namespace lbbsp::runtime {
 
 struct ResourceMetrics {
-  double cpu_avail = 1.0;  // fraction of this rank's CPUs not used by other processes since the last sample
+  // Fraction of this rank's CPUs not used by other processes over the last window of at least
+  // ResourceMonitor::kWindowTicks per CPU (40 ms at Linux's 100 Hz): one or more samples' intervals.
+  double cpu_avail = 1.0;
   double mem_avail = 1.0;  // MemAvailable / MemTotal
   // Runnable threads now (/proc/stat procs_running) per online CPU: an instantaneous reading, so a co-tenant
   // that started during the last iteration shows in full where cpu_avail (an average over it) shows a part.
@@ -19,8 +21,10 @@ class ResourceMonitor {
   ResourceMonitor();
   // Metrics over the interval since the previous call (the first call covers the time since construction),
   // on the CPUs this process may run on now (re-read each call: a rank pinned later is measured where it
-  // runs).
+  // runs). cpu_avail covers the last window of at least kWindowTicks per CPU, which spans several calls when
+  // they come faster.
   ResourceMetrics sample();
+  static constexpr uint64_t kWindowTicks = 4;
 
  private:
   struct CpuTimes {
@@ -31,7 +35,8 @@ class ResourceMonitor {
   static std::vector<int> allowed_cpus();  // this process's affinity mask (sched_getaffinity)
   std::vector<int> cpus_;                  // the CPUs this process may run on
   CpuTimes last_;
-  double last_own_s_ = 0, last_wall_s_ = 0;
+  double last_own_s_ = 0;  // this process's CPU seconds at the window's start
+  double cpu_avail_ = 1.0;  // of the last full window
   long ticks_per_s_ = 100;
   long online_cpus_ = 1;  // for load; read once (glibc's sysconf reads /sys on every call)
   std::string text_;      // the last /proc file read, kept to reuse its allocation

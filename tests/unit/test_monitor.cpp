@@ -79,6 +79,17 @@ TEST_F(Pinned, SeesAnotherProcessOnThePinnedCpu) {
   EXPECT_LT(m.sample().cpu_avail, 0.5);
 }
 
+// /proc/stat counts 10 ms ticks: a sample right after another (a millisecond's iteration) has no tick of its
+// own to go by, and repeats the last window's measure instead of reading the CPU as free.
+TEST_F(Pinned, ASampleWithinATickRepeatsTheLastWindow) {
+  ASSERT_FALSE(all_.empty());
+  pin({all_[0]});
+  ResourceMonitor m;
+  busy_child_on(all_[0], 400);
+  EXPECT_LT(m.sample().cpu_avail, 0.5);
+  EXPECT_LT(m.sample().cpu_avail, 0.5);  // (read 1 before; a preemption long enough for a new window reads busy)
+}
+
 // Made before the pin (as a rank's monitor is before its straggler pins it): the first sample after the pin
 // starts afresh (cpu_avail 1, although the interval before it was busy), the next one measures the new CPU.
 // Under `taskset -c 0` the process may run on one CPU only: the monitor is then made on CPU 0 plus another
