@@ -18,6 +18,7 @@ share of the global batch first, makes ``optimizer.step()`` end with ``lb.step()
 ``accelerator.save_state`` / ``load_state``. Needs ``pip install accelerate``.
 """
 
+import os
 from typing import Any, Callable, Optional, Tuple
 
 import torch
@@ -42,8 +43,7 @@ def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Opt
         raise TypeError(f"lbbsp.accelerate.prepare: dataloader must be a torch DataLoader (not yet prepared), got "
                         f"{type(dataloader).__name__}")
     if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("lbbsp.accelerate.prepare: no process group: launch with `accelerate launch` (or "
-                           "torchrun) on more than one process")
+        raise RuntimeError(_no_process_group())
     dataset, accumulate = dataloader.dataset, int(getattr(accelerator, "gradient_accumulation_steps", 1))
     if isinstance(dataset, torch.utils.data.IterableDataset):
         raise TypeError("lbbsp.accelerate.prepare: the dataset is an IterableDataset; the balancer picks each rank's "
@@ -66,6 +66,19 @@ def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Opt
     _step_after(accelerator, optimizer, lb)
     accelerator.register_for_checkpointing(lb)
     return model, optimizer, loader, lb
+
+
+def _no_process_group() -> str:
+    """Why there is no process group, and how to launch; `accelerate launch --cpu --num_processes N` without an MPI
+    host file starts the script once (Accelerate runs several CPU processes only through mpirun)."""
+    if "ACCELERATE_USE_CPU" in os.environ:  # set by accelerate launch's simple (CPU) launcher
+        return ("lbbsp.accelerate.prepare: no process group: `accelerate launch` started this script as one "
+                "process. On CPUs Accelerate starts several only through mpirun: add `--mpirun_hostfile FILE` (a "
+                "line `localhost slots=N` for one machine) to `--num_processes N`, or launch with "
+                "`torchrun --nproc_per_node N`")
+    return ("lbbsp.accelerate.prepare: no process group: launch on more than one process (`accelerate launch "
+            "--num_processes N` on GPUs, `torchrun --nproc_per_node N`, or `accelerate launch --cpu --num_processes "
+            "N --mpirun_hostfile FILE` on CPUs)")
 
 
 def _scale_backward(accelerator: Any, lb: LoadBalancer) -> None:

@@ -42,7 +42,7 @@ class Recorder:
 
 
 def _worker(out, stop, resume):
-    """gradient_accumulation_steps=2 with a DataLoader of 4 per rank: global batch 3 x 4 x 2 = 24."""
+    """gradient_accumulation_steps=2 with a DataLoader of 4 per rank: global batch 3 x 4 x 2 = 24 on 3 ranks."""
     recorder = Recorder(out)
     acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2, log_with=[recorder])
     acc.init_trackers("lbbsp")
@@ -126,20 +126,26 @@ def _bf16_worker(out):
     os._exit(0)
 
 
-def _run(*args, cli=False):
+def _run(*args, cli=False, hostfile=None, processes=3):
     """3 CPU processes from a fresh interpreter (forked from pytest's process the workers hang): Accelerate's
-    Python launcher, or with cli=True torchrun (how Accelerate runs several CPU processes without MPI; unlike the
-    Python launcher it lets the Accelerator make the process group, so its InitProcessGroupKwargs apply)."""
+    Python launcher; with cli=True torchrun (how Accelerate runs several CPU processes without MPI; unlike the
+    Python launcher it lets the Accelerator make the process group, so its InitProcessGroupKwargs apply); with a
+    hostfile `accelerate launch --cpu --num_processes P --mpirun_hostfile HOSTFILE` (Open MPI's mpirun)."""
     import socket
     import subprocess
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, __file__]
-    if cli:
+    if cli or hostfile:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
+    if cli:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--master_port", str(port),
                __file__]
+    elif hostfile:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--cpu", "--num_processes",
+               str(processes), "--mpirun_hostfile", str(hostfile), "--main_process_port", str(port), __file__]
     return subprocess.run(cmd + list(map(str, args)), env=env, capture_output=True, text=True, timeout=500)
 
 
@@ -171,6 +177,28 @@ def test_accelerate_with_gradient_accumulation_equals_one_process_and_resumes(tm
         assert rel < 1e-10, f"rank {r} after the resume: relative difference {rel:.3g} from one process"
 
 
+def test_accelerate_launch_over_mpi_equals_one_process(tmp_path):
+    """What a user types: `accelerate launch --cpu --num_processes N --mpirun_hostfile FILE train.py`. Two processes:
+    Accelerate 1.15 always adds `--bind-to socket`, which Open MPI refuses for more processes than cores."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=2\n")
+    run = _run("exact", tmp_path, -1, 0, hostfile=hosts, processes=2)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    got = [pickle.load(open(tmp_path / f"acc-{r}-0.pkl", "rb")) for r in range(2)]
+    assert_random5_equals_one_process(got, np.array(got[0]["sizes"]), world=2, global_batch=16)
+
+
+def test_one_process_under_accelerate_launch_says_how_to_start_several(monkeypatch):
+    """`accelerate launch --cpu --num_processes 3` without a host file starts the script once: say so."""
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")  # what accelerate launch's CPU launcher sets
+    net = make_model()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(*data()), batch_size=4)
+    with pytest.raises(RuntimeError, match=r"started this script as one process.*--mpirun_hostfile.*torchrun"):
+        lbbsp.accelerate.prepare(object(), net, torch.optim.SGD(net.parameters(), lr=0.1), loader)
+
+
 def test_accelerate_hung_rank_ends_the_job_naming_it(tmp_path):
     run = _run("hang", tmp_path, cli=True)
     assert run.returncode != 0, run.stdout[-2000:]
@@ -190,7 +218,9 @@ def test_accelerate_bf16_agrees_on_every_rank_and_learns(tmp_path):
 
 if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
-    if "LOCAL_RANK" in os.environ:  # started by torchrun: this process is one rank
+    if "LOCAL_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:  # torchrun or mpirun: one rank
+        if mode == "exact":
+            _worker(args[0], int(args[1]), bool(int(args[2])))
         {"hang": _hang_worker, "bf16": _bf16_worker}[mode](args[0])
     elif mode == "exact":
         accelerate.debug_launcher(_worker, args=(args[0], int(args[1]), bool(int(args[2]))), num_processes=3)

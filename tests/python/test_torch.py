@@ -123,13 +123,15 @@ def assert_equal_to_one_process(ref, rank_files):
         assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
 
 
-def assert_random5_equals_one_process(got, sizes):
-    """3 ranks (Lightning, Accelerate), random:5 over 2 epochs of 240 samples, global batch 24: 20 steps whose sizes every rank agrees on,
-    some rank given 0 samples, and every rank's parameters equal to one process's to 1e-10."""
-    assert sizes.shape == (20, 3) and (sizes.sum(axis=1) == 24).all(), sizes  # 240 samples: 10 steps per epoch
+def assert_random5_equals_one_process(got, sizes, world=3, global_batch=24):
+    """Ranks under a framework (Lightning, Accelerate; 3 by default), random:5 over 2 epochs of 240 samples: every
+    step's sizes agreed on by every rank, some rank given 0 samples, every rank's parameters equal to one
+    process's to 1e-10."""
+    steps = 2 * (N // global_batch)
+    assert sizes.shape == (steps, world) and (sizes.sum(axis=1) == global_batch).all(), sizes
     assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
     assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
-    ref = one_process(20, 24, mean=True)
+    ref = one_process(steps, global_batch, mean=True)
     for r, g in enumerate(got):
         rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
         assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
