@@ -92,6 +92,16 @@ class BalancerBase : public Balancer {
     }
     return probed;
   }
+  // Whether b is a batch vector for this balancer within `bounds` (n entries, each in [min, max], sum X).
+  bool within(const std::vector<int64_t>& b, const BatchBounds& bounds) const {
+    if (b.size() != n()) return false;
+    int64_t total = 0;
+    for (size_t i = 0; i < n(); ++i) {
+      if (b[i] < bounds.min[i] || b[i] > bounds.max[i]) return false;
+      total += b[i];
+    }
+    return total == cfg_.global_batch;
+  }
   std::vector<int64_t> equal_split(const BatchBounds& bounds) const {
     return assign_by_speed(std::vector<double>(n(), 1.0), cfg_.global_batch, bounds);
   }

@@ -1,5 +1,5 @@
 // lbbsp-cpu[:PREDICTOR]: the paper's CPU algorithm: one speed predictor per worker (predictors/), the batch
-// split by the predicted speeds (assign_by_speed).
+// split by the predicted speeds (assign_by_speed), held while the predicted gain is within the speeds' noise.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -59,6 +59,8 @@ class LbbspCpuBalancer final : public BalancerBase {
   std::vector<int64_t> next(const IterationReport& report) override {
     check_report(report);
     const std::vector<double> speeds = clipped_speeds(report);
+    note_misses(speeds);
+    if (held_.empty()) held_ = report_batch(report);  // the split in flight (the initial one, or older state)
     BatchBounds bounds = bounds_for(&report);
     predicted_.resize(n());
     // Each worker's predictor state is independent: large fleets update in parallel (same results for any
@@ -94,35 +96,102 @@ class LbbspCpuBalancer final : public BalancerBase {
     };
     const auto probed = probe_hopeless(
         report, batch, iteration_s, [&](size_t i) { return 1.0 / signal_base_[i]; }, bounds);
-    return probed.empty() ? batch : assign_by_speed(predicted_, cfg_.global_batch, bounds);
+    held_ = probed.empty() ? hold_within_noise(batch, bounds)
+                           : assign_by_speed(predicted_, cfg_.global_batch, bounds);
+    return held_;
   }
   std::vector<double> predicted_speeds() const override { return predicted_; }
   std::string save_state() const override {
-    StateWriter w("lbbsp-cpu");
+    StateWriter w("lbbsp-cpu/2");
     w.str(spec_);
     w.f64s(predicted_);
     w.f64s(base_speed_);
     w.f64s(signal_base_);
+    w.i64s(held_);
+    w.f64s({miss2_, miss_weight_, last_miss2_});
     for (const auto& p : predictors_) w.str(p->save_state());
     return w.text();
   }
+  // "lbbsp-cpu/2" (this version) or "lbbsp-cpu" (before the noise band: no held split or miss statistics).
   void load_state(const std::string& state) override {
-    StateReader r(state, "lbbsp-cpu");
+    const bool v2 = state.rfind("lbbsp-balancer-state lbbsp-cpu/2\n", 0) == 0;
+    StateReader r(state, v2 ? "lbbsp-cpu/2" : "lbbsp-cpu");
     if (r.str() != spec_) throw std::invalid_argument("lbbsp-cpu: state was saved with another predictor");
     predicted_ = r.f64s();
     base_speed_ = r.f64s();
     signal_base_ = r.f64s();
     if (base_speed_.size() != n() || signal_base_.size() != n())
       throw std::invalid_argument("lbbsp-cpu: state is for another worker count");
+    held_.clear();
+    miss2_ = miss_weight_ = last_miss2_ = 0;
+    if (v2) {
+      held_ = r.i64s();
+      const std::vector<double> miss = r.f64s();
+      if ((!held_.empty() && held_.size() != n()) || miss.size() != 3)
+        throw std::invalid_argument("lbbsp-cpu: state is for another worker count");
+      miss2_ = miss[0], miss_weight_ = miss[1], last_miss2_ = miss[2];
+    }
     for (auto& p : predictors_) p->load_state(r.str());
   }
 
  private:
+  // The noise band: a new split is taken only when its predicted iteration time beats the equal split's and
+  // the held one's by more than the predictions' recent misses (the RMS over the workers of log(measured /
+  // predicted speed) relative to the fleet's: an EMA, and at least the last report's), so that noise in the
+  // measured speeds (a co-scheduled process, 3 ranks on 2 cores, DataLoader workers) does not move samples
+  // back and forth, while a straggler that costs more than the noise is balanced at once. Low-noise runs
+  // (modelled costs, dedicated nodes) have a band near 0. docs/balancers.md has the measurements.
+  static constexpr double kMissAlpha = 0.1;  // EMA weight of the newest iteration's misses
+  // Misses relative to the fleet's, in logs (log(measured / predicted speed) less its mean over the workers
+  // measured): what all workers share (a warm-up step, a slower allreduce, a change of phase) moves no
+  // sample, and a speed 10x below its prediction counts as much as one 10x above.
+  void note_misses(const std::vector<double>& speeds) {
+    std::vector<double> log_ratio;
+    for (size_t i = 0; i < n() && i < predicted_.size(); ++i)
+      if (speeds[i] > 0 && std::isfinite(speeds[i]) && predicted_[i] > 0 && std::isfinite(predicted_[i]))
+        log_ratio.push_back(std::log(speeds[i] / predicted_[i]));
+    if (log_ratio.size() < 2) return;
+    const double count = static_cast<double>(log_ratio.size());
+    double mean = 0, sum2 = 0;
+    for (double q : log_ratio) mean += q / count;
+    for (double q : log_ratio) sum2 += (q - mean) * (q - mean);
+    last_miss2_ = sum2 / count;
+    miss2_ = (1 - kMissAlpha) * miss2_ + kMissAlpha * last_miss2_;
+    miss_weight_ = (1 - kMissAlpha) * miss_weight_ + kMissAlpha;  // bias correction, as Adam's
+  }
+  // At least this iteration's own misses: after one wild step (a rank's DataLoader worker starved) the
+  // predictions are off by about what that step missed by, and the next steps' misses say how far they still
+  // are, so samples move only once the predictions have settled.
+  double noise_band() const {
+    return miss_weight_ > 0 ? std::sqrt(std::max(miss2_ / miss_weight_, last_miss2_)) : 0.0;
+  }
+  std::vector<int64_t> report_batch(const IterationReport& report) const {
+    std::vector<int64_t> b(n());
+    for (size_t i = 0; i < n(); ++i) b[i] = report.workers[i].batch;
+    return b;
+  }
+  // The equal split when the new one beats it by no more than the noise (the speeds are then not known to
+  // differ), else the held split when the new one beats that by no more than the noise, else the new one.
+  std::vector<int64_t> hold_within_noise(const std::vector<int64_t>& batch, const BatchBounds& bounds) const {
+    const auto curves = curves_from_speeds(predicted_);
+    const double band = noise_band(), new_s = slowest_finish_s(curves, batch);
+    const auto gains_little_over = [&](const std::vector<int64_t>& other) {  // in logs, as the misses
+      return std::log(slowest_finish_s(curves, other) / new_s) <= band;
+    };
+    if (band <= 0) return batch;
+    const std::vector<int64_t> equal = equal_split(bounds);
+    if (gains_little_over(equal)) return equal;
+    return within(held_, bounds) && gains_little_over(held_) ? held_ : batch;
+  }
+
   std::string spec_;
   std::vector<std::unique_ptr<predictors::Predictor>> predictors_;
   std::vector<double> predicted_;
   std::vector<double> base_speed_;   // speed at capacity 1 (ground truth capacity), for the oracle predictor
   std::vector<double> signal_base_;  // speed at capacity 1 by the capacity exo (cfg.capacity_exo)
+  std::vector<int64_t> held_;  // the split last decided (kept while a change would gain less than the noise)
+  double miss2_ = 0, miss_weight_ = 0;  // EMA of the mean squared relative miss, and its weight so far
+  double last_miss2_ = 0;               // the mean squared relative miss of the last report
 };
 
 }  // namespace

@@ -70,15 +70,6 @@ class LbbspGpuBalancer final : public BalancerBase {
   }
 
  private:
-  bool within(const std::vector<int64_t>& b, const BatchBounds& bounds) const {
-    if (b.size() != n()) return false;
-    int64_t total = 0;
-    for (size_t i = 0; i < n(); ++i) {
-      if (b[i] < bounds.min[i] || b[i] > bounds.max[i]) return false;
-      total += b[i];
-    }
-    return total == cfg_.global_batch;
-  }
   void reset_window() {
     in_window_ = 0;
     time_sum_.assign(n(), 0.0);

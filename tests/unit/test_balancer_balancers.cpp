@@ -9,6 +9,7 @@
 #include "balancer/assign.hpp"
 #include "balancer/balancer.hpp"
 #include "balancer/curve_fit.hpp"
+#include "balancer/state_io.hpp"
 
 using namespace lbbsp::balancer;
 
@@ -394,4 +395,93 @@ TEST(Balancers, GpuModelDropsFloorBoundStragglersOnlyWhenItCanTrackThem) {
   auto cfg = config("lbbsp-gpu-model", n, 160);
   cfg.capacity_exo = 1;  // not an exo index
   EXPECT_THROW(make_balancer(cfg), std::invalid_argument);
+}
+
+namespace {
+
+// Equal workers whose measured speed is noisy (log-normal, `noise` SD, i.i.d. per iteration) and not
+// explained by the reported exo (always 1, as when a co-scheduled process takes turns with the rank); worker
+// 0 runs at `slow` of its speed from iteration `slow_from` on. Returns the true iteration times and the batch
+// vectors.
+struct NoisyRun {
+  std::vector<double> iteration_s;
+  std::vector<std::vector<int64_t>> batch;
+};
+NoisyRun run_noisy(const std::string& name, const std::string& predictor, double noise, double slow,
+                   size_t slow_from) {
+  const size_t n = 4, T = 300;
+  Cluster c = static_cpu_cluster(n, T);
+  c.base_speed.assign(n, 100.0);
+  std::mt19937_64 rng(11);
+  std::lognormal_distribution<double> jitter(0.0, noise);
+  for (size_t t = 0; t <= T; ++t)
+    for (size_t i = 0; i < n; ++i) c.capacity[t][i] = jitter(rng) * (i == 0 && t >= slow_from ? slow : 1.0);
+  auto cfg = config(name, n, 400);
+  cfg.predictor = predictor;
+  auto bal = make_balancer(cfg);
+  NoisyRun run;
+  auto batch = bal->initial();
+  for (size_t t = 0; t < T; ++t) {
+    run.iteration_s.push_back(c.iteration_s(t, batch));
+    run.batch.push_back(batch);
+    IterationReport r = c.report(t, batch);
+    for (auto& w : r.workers) w.exo = {1.0};
+    batch = bal->next(r);
+  }
+  return run;
+}
+double mean_of(const std::vector<double>& v, size_t from, size_t to) {
+  double s = 0;
+  for (size_t t = from; t < to; ++t) s += v[t];
+  return s / static_cast<double>(to - from);
+}
+
+}  // namespace
+
+// No straggler, only noise (25% per iteration): the split stays near equal instead of chasing it, and the
+// run is as fast as the equal split.
+TEST(Balancers, LbbspCpuDoesNotChaseNoise) {
+  for (const std::string predictor : {"narx", "ema"}) {
+    const NoisyRun bsp = run_noisy("bsp", "ema", 0.25, 1.0, 1000);
+    const NoisyRun lb = run_noisy("lbbsp-cpu", predictor, 0.25, 1.0, 1000);
+    int unequal = 0;  // iterations 30..299 whose split is not the equal one (all of them before the band)
+    for (size_t t = 30; t < 300; ++t) unequal += lb.batch[t] != bsp.batch[t];
+    EXPECT_LE(unequal, 14) << predictor;
+    EXPECT_LE(mean_of(lb.iteration_s, 30, 300), 1.01 * mean_of(bsp.iteration_s, 30, 300)) << predictor;
+  }
+}
+
+// The same noise with a real straggler (worker 0 at 40% from iteration 100): balanced within a few
+// iterations.
+TEST(Balancers, LbbspCpuBalancesAStragglerAboveTheNoise) {
+  for (const std::string predictor : {"narx", "ema"}) {
+    const NoisyRun bsp = run_noisy("bsp", "ema", 0.25, 0.4, 100);
+    const NoisyRun lb = run_noisy("lbbsp-cpu", predictor, 0.25, 0.4, 100);
+    for (size_t t = 120; t < 300; ++t) EXPECT_LT(lb.batch[t][0], 70) << predictor << " iteration " << t;
+    EXPECT_LT(mean_of(lb.iteration_s, 120, 300), 0.8 * mean_of(bsp.iteration_s, 120, 300)) << predictor;
+  }
+}
+
+// A state saved before the noise band ("lbbsp-cpu": no held split, no miss statistics) still loads, with the
+// same predictions, and the balancer goes on from the split in its next report.
+TEST(Balancers, LbbspCpuLoadsAStateFromBeforeTheNoiseBand) {
+  const size_t n = 4;
+  const Cluster c = static_cpu_cluster(n, 12);
+  auto a = make_balancer(config("lbbsp-cpu:ema", n, 400));
+  auto batch = a->initial();
+  for (size_t t = 0; t < 6; ++t) batch = a->next(c.report(t, batch));
+  const std::string saved = a->save_state();  // (StateReader keeps a reference)
+  StateReader r(saved, "lbbsp-cpu/2");
+  StateWriter old("lbbsp-cpu");
+  old.str(r.str());
+  for (int k = 0; k < 3; ++k) old.f64s(r.f64s());   // predicted, base speed, signal base
+  r.i64s(), r.f64s();                               // held split, miss statistics: not in the old format
+  for (size_t i = 0; i < n; ++i) old.str(r.str());  // the predictors
+  auto b = make_balancer(config("lbbsp-cpu:ema", n, 400));
+  ASSERT_NO_THROW(b->load_state(old.text()));
+  EXPECT_EQ(b->predicted_speeds(), a->predicted_speeds());
+  for (size_t t = 6; t < 12; ++t) {
+    batch = b->next(c.report(t, batch));
+    expect_valid(batch, 400, {}, n);
+  }
 }
