@@ -35,7 +35,7 @@ class ResourceMonitor {
   static std::vector<int> allowed_cpus();  // this process's affinity mask (sched_getaffinity)
   std::vector<int> cpus_;                  // the CPUs this process may run on
   CpuTimes last_;
-  double last_own_s_ = 0;  // this process's CPU seconds at the window's start
+  double last_own_s_ = 0;   // this process's CPU seconds at the window's start
   double cpu_avail_ = 1.0;  // of the last full window
   long ticks_per_s_ = 100;
   long online_cpus_ = 1;  // for load; read once (glibc's sysconf reads /sys on every call)

@@ -49,6 +49,27 @@ def load(path, split, model):
     return (x.reshape(-1, 1, 28, 28) if model == "cnn" else x.reshape(len(x), -1)), y
 
 
+class H5Samples(torch.utils.data.Dataset):
+    """Map-style: training sample i read from the HDF5 file on each access (--read h5: the h5py Dataset a user
+    writes from docs/torch.md), the file opened once per DataLoader worker."""
+
+    def __init__(self, path, model):
+        import h5py
+        self.path, self.model, self.file = path, model, None
+        with h5py.File(path, "r") as f:
+            self.n = len(f["train/labels"])
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import h5py
+        if self.file is None:
+            self.file = h5py.File(self.path, "r")
+        x = torch.from_numpy(self.file["train/images"][i].astype(np.float32) / 255.0)
+        return x.reshape(1, 28, 28) if self.model == "cnn" else x.flatten(), int(self.file["train/labels"][i])
+
+
 def emulate(capacity, slope, n, real_s):
     """Sleeps so that this step's compute takes max(real, slope x n / capacity) seconds."""
     target = slope * n / capacity
@@ -76,7 +97,7 @@ def batches(a, lb, fixed, rank, steps, xtr, ytr):
             idx = torch.from_numpy(idx)
             yield xtr[idx], ytr[idx]
         return
-    data = torch.utils.data.TensorDataset(xtr, ytr)
+    data = torch.utils.data.TensorDataset(xtr, ytr) if a.read == "memory" else H5Samples(a.data, a.model)
     if controlled:
         loader = lb.data_loader(data, num_workers=a.workers, prefetch_factor=1, persistent_workers=True)
     else:
@@ -112,11 +133,13 @@ def train(a):
         else lb.batch_sizes
     steps = min(a.max_iterations or 1 << 62, lb.steps_per_epoch * a.epochs)
     train_s, control_s, time_to_target, acc = 0.0, 0.0, None, float("nan")
+    sizes = []  # every step's batch vector
     data = batches(a, lb, fixed, rank, steps, xtr, ytr)  # plain DDP and --oracle: a fixed split, no controller
     first = next(data)  # DataLoader workers start here, outside the timed steps
     dist.barrier()
     for g in range(steps):
         t0 = time.perf_counter()
+        sizes.append((fixed if a.plain_ddp or a.oracle else lb.batch_sizes).tolist())
         xb, yb = first if g == 0 else next(data)
         # The emulated cost where --cost-at puts it: reading the batch (added), or after the forward pass or
         # after backward (max with the forward's own time); lbbsp.torch measures the whole step either way.
@@ -151,9 +174,11 @@ def train(a):
              "model": a.model, "global_batch": a.global_batch, "iterations": steps, "train_time_s": train_s,
              "mean_iteration_s": train_s / max(steps, 1), "controller_fraction": control_s / max(train_s, 1e-12),
              "decide_fraction": lb.timing["decide_s"] / max(train_s, 1e-12),
+             "report_wait_fraction": lb.timing["wait_s"] / max(train_s, 1e-12),
              "test_accuracy": acc, "target_accuracy": a.target_accuracy, "time_to_target_s": time_to_target,
-             "cost_at": a.cost_at, "workers": a.workers, "final_batch_sizes": (fixed if a.plain_ddp or a.oracle else lb.batch_sizes).tolist(), "torch": torch.__version__, "lbbsp": lbbsp.__version__}
-        print(json.dumps(s), flush=True)
+             "cost_at": a.cost_at, "workers": a.workers, "final_batch_sizes": (fixed if a.plain_ddp or a.oracle else lb.batch_sizes).tolist(),
+             "batch_sizes": sizes, "torch": torch.__version__, "lbbsp": lbbsp.__version__}
+        print(json.dumps({k: v for k, v in s.items() if k != "batch_sizes"}), flush=True)  # --summary-json has them
         if a.summary_json:
             with open(a.summary_json, "w") as f:
                 json.dump(s, f, indent=1)
@@ -189,6 +214,8 @@ def main():
                     help="where the emulated cost lands in the step (default: after the forward pass)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--workers", type=int, default=0, help="read batches through a DataLoader with N workers")
+    ap.add_argument("--read", default="memory", choices=["memory", "h5"],
+                    help="with --workers: samples from the tensors in memory, or read one by one from the HDF5 file")
     ap.add_argument("--eval-every", type=int, default=0)
     ap.add_argument("--test-subset", type=int, default=0)
     ap.add_argument("--target-accuracy", type=float, default=None)

@@ -87,7 +87,8 @@ TEST_F(Pinned, ASampleWithinATickRepeatsTheLastWindow) {
   ResourceMonitor m;
   busy_child_on(all_[0], 400);
   EXPECT_LT(m.sample().cpu_avail, 0.5);
-  EXPECT_LT(m.sample().cpu_avail, 0.5);  // (read 1 before; a preemption long enough for a new window reads busy)
+  EXPECT_LT(m.sample().cpu_avail,
+            0.5);  // (read 1 before; a preemption long enough for a new window reads busy)
 }
 
 // Made before the pin (as a rank's monitor is before its straggler pins it): the first sample after the pin
