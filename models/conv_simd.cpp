@@ -8,6 +8,7 @@
 #include <array>
 #include <utility>
 
+#include "models/gemm.hpp"  // kParallelMinFma
 #include "models/simd.hpp"
 
 namespace lbbsp::models {
@@ -35,8 +36,6 @@ using simd::Vec;
 // Fully unrolled register tiles: with constant indices the compiler keeps acc[][] in registers.
 #define LBBSP_UNROLL _Pragma("GCC unroll 32")
 constexpr int kL = simd::kLanes;
-// Below this many multiply-adds a parallel region costs more than it saves.
-constexpr double kParallelMinFma = double(1 << 20);
 
 // Output-channel vectors per tile: two when the channels allow (more reuse of each broadcast), else one.
 int tile_vectors(int channels) {

@@ -7,11 +7,6 @@ namespace lbbsp::models {
 
 namespace {
 
-// Below this many multiply-adds (about 10 us on one core) a split saves less than it costs, even with the
-// other thread awake (spinning since the last parallel loop; runtime/kernel_env.hpp). MLP at 2 threads, batch
-// 64: 1.27x one thread at 2^22, 1.73x at 2^20, 1.55x at 2^18.
-constexpr double kParallelMinFma = double(1 << 20);
-
 void blas_gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
                const float* b, int ldb, float beta, float* c, int ldc) {
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n,

@@ -87,8 +87,8 @@ TEST_F(Pinned, ASampleWithinATickRepeatsTheLastWindow) {
   ResourceMonitor m;
   busy_child_on(all_[0], 400);
   EXPECT_LT(m.sample().cpu_avail, 0.5);
-  EXPECT_LT(m.sample().cpu_avail,
-            0.5);  // (read 1 before; a preemption long enough for a new window reads busy)
+  // (Read 1 before the window; a preemption long enough for a new window reads busy too.)
+  EXPECT_LT(m.sample().cpu_avail, 0.5);
 }
 
 // Made before the pin (as a rank's monitor is before its straggler pins it): the first sample after the pin
