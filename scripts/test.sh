@@ -7,10 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 cd build
+# As many tests at once as there are cores: the unit, cli and mpi tests wait on their ranks much of the time;
+# the ones that build or start daemons (asan, fuzz, python, slurm, multihost, package) are RUN_SERIAL.
+jobs=(-j "$(nproc)")
 if (($#)); then
-  ctest --output-on-failure --timeout 900 "$@"
+  ctest --output-on-failure --timeout 900 "${jobs[@]}" "$@"
 elif [[ ${LBBSP_SKIP_ASAN:-0} == 1 ]]; then
-  ctest --output-on-failure --timeout 900 -LE asan
+  ctest --output-on-failure --timeout 900 "${jobs[@]}" -LE asan
 else
-  ctest --output-on-failure --timeout 900
+  ctest --output-on-failure --timeout 900 "${jobs[@]}"
 fi

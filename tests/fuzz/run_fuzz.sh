@@ -15,13 +15,27 @@ cmake -S "$src" -B "$build" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang+
 cmake --build "$build" -j "${LBBSP_FUZZ_JOBS:-$(nproc)}" --target lbbsp_fuzz_all
 echo "run_fuzz.sh: built in $((SECONDS - t0)) s"
 export UBSAN_OPTIONS=print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1
-for target in fuzz_straggle fuzz_traces fuzz_train_cli fuzz_dataset; do
-  work=$build/fuzz-work/$target
+# fuzz_one TARGET: SECONDS of libFuzzer on a scratch copy of its corpus; the log tail and non-zero on a finding.
+fuzz_one() {
+  local target=$1 work=$build/fuzz-work/$1
   rm -rf "$work"; mkdir -p "$work"
   cp "$src/tests/fuzz/corpus/$target/"* "$work/"
   (cd "$build/fuzz-work" && "$build/tests/fuzz/$target" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 "$work" >"$build/fuzz-work/$target.log" 2>&1) ||
-    { tail -n 60 "$build/fuzz-work/$target.log"; echo "run_fuzz.sh: $target FAILED (log: $build/fuzz-work/$target.log)"; exit 1; }
+    { tail -n 60 "$build/fuzz-work/$target.log"; echo "run_fuzz.sh: $target FAILED (log: $build/fuzz-work/$target.log)"; return 1; }
   echo "run_fuzz.sh: $target ok ($(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$build/fuzz-work/$target.log" | grep -oE '[0-9]+$') runs)"
+}
+# One target per core at a time (each fuzzer runs on one thread).
+targets=(fuzz_straggle fuzz_traces fuzz_train_cli fuzz_dataset)
+per_round=$(nproc)
+failed=0
+for ((i = 0; i < ${#targets[@]}; i += per_round)); do
+  pids=()
+  for target in "${targets[@]:i:per_round}"; do
+    fuzz_one "$target" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 done
+((failed == 0)) || exit 1
 echo "run_fuzz.sh: all targets ran clean in $((SECONDS - t0)) s"

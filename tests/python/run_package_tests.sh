@@ -15,5 +15,8 @@ rm -rf "$SCRATCH" && mkdir -p "$SCRATCH"
 "$SCRATCH/venv/bin/pip" install -q "$SCRATCH"/wheel/lbbsp-*.whl
 "$SCRATCH/venv/bin/python" -c "import pytest" 2>/dev/null || "$SCRATCH/venv/bin/pip" install -q pytest
 cd "$SCRATCH"
-LBBSP_BIN=$LBBSP "$SCRATCH/venv/bin/python" -m pytest -q -p no:cacheprovider "$SRC/tests/python/test_package.py" \
+# One test per core at a time where pytest-xdist is installed (python3-pytest-xdist, scripts/setup.sh).
+parallel=()
+"$SCRATCH/venv/bin/python" -c "import xdist" 2>/dev/null && parallel=(-n "$(nproc)")
+LBBSP_BIN=$LBBSP "$SCRATCH/venv/bin/python" -m pytest -q -p no:cacheprovider "${parallel[@]}" "$SRC/tests/python/test_package.py" \
   "$SRC/tests/python/test_torch.py"

@@ -20,8 +20,11 @@ if ! "$VENV/bin/python" -c "import torch, h5py, pytest, numpy" 2>/dev/null; then
   echo "run_torch2_tests.sh: building $VENV ($SPEC from PyPI)"
   rm -rf "$VENV" && mkdir -p "$(dirname "$VENV")"
   "$PY" -m venv "$VENV" || { echo "FAIL: $PY -m venv failed: install python3-venv (scripts/setup.sh does)" >&2; exit 1; }
-  "$VENV/bin/pip" install -q "$SPEC" numpy h5py pytest ||
+  "$VENV/bin/pip" install -q "$SPEC" numpy h5py pytest pytest-xdist ||
     { rm -rf "$VENV"; echo "FAIL: pip install $SPEC from PyPI failed (network?)" >&2; exit 1; }
+fi
+if ! "$VENV/bin/python" -c "import xdist" 2>/dev/null; then  # a venv cached before the tests ran in parallel
+  "$VENV/bin/pip" install -q pytest-xdist || { echo "FAIL: pip install pytest-xdist from PyPI failed (network?)" >&2; exit 1; }
 fi
 if ! "$VENV/bin/python" -c "import lightning, accelerate" 2>/dev/null; then
   # shellcheck disable=SC2086 # FRAMEWORKS is a list of requirement specs
@@ -38,5 +41,7 @@ if [[ -z $wheel ]]; then
 fi
 "$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheel"
 cd "$SCRATCH"
-LBBSP_BIN=$LBBSP "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$SRC/tests/python/test_torch.py" \
+# One test per core at a time (pytest-xdist): most of a test's time is its ranks starting and waiting on each
+# other, and none races the clock (docs/testing.md).
+LBBSP_BIN=$LBBSP "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "$(nproc)" "$SRC/tests/python/test_torch.py" \
   "$SRC/tests/python/test_lightning.py" "$SRC/tests/python/test_accelerate.py"
