@@ -72,8 +72,10 @@ def fixed_metrics():
 # ---- exactness: DDP + SUM hook == one process on the same global batches ----
 
 
-def _exact_worker(rank, world, store, out, steps, global_batch):
+def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True):
     init(rank, world, store)
+    if not piggyback:  # the reports in the control group's all-gather, as for a large or half-precision bucket
+        lbbsp.torch.exchange.ReportExchange.PIGGYBACK_MAX_BYTES = 0
     x, y = data()
     model = DDP(make_model())
     lb = LoadBalancer(model, dataset_size=N, global_batch=global_batch, balancer="random:5", seed=3,
@@ -137,6 +139,18 @@ def assert_random5_equals_one_process(got, sizes, world=3, global_batch=24):
         assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_reports_riding_in_a_gradient_bucket_are_exact(dtype):
+    """The report block appended to the last bucket: summed over 3 ranks it gives every report back exactly,
+    the CRC-32 included (two 16-bit halves: float32 holds integers to 2^24)."""
+    from lbbsp.torch.exchange import CHECKSUM, REPORT, read_rows, report_rows
+    reports = torch.tensor([[r * 100 + k + 0.25 for k in range(REPORT)] for r in range(3)], dtype=torch.float64)
+    reports[:, CHECKSUM] = torch.tensor([0xFFFFFFFF, 0x80000001, 12345], dtype=torch.float64)
+    summed = sum(report_rows(3, r, reports[r], dtype) for r in range(3))
+    assert summed.dtype == dtype
+    np.testing.assert_array_equal(read_rows(summed), reports.numpy())
+
+
 def test_monitor_is_the_runtimes():
     """lbbsp.torch measures with the C++ runtime's /proc monitor (the same code as `lbbsp train`)."""
     m = lbbsp.torch.ResourceMonitor()
@@ -145,10 +159,10 @@ def test_monitor_is_the_runtimes():
     assert 0 <= cpu <= 1 and 0 < mem <= 1 and load >= 0, (cpu, mem, load)
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_exact_against_one_process(tmp_path, world):
+@pytest.mark.parametrize("world, piggyback", [(2, True), (3, True), (4, True), (3, False)])
+def test_exact_against_one_process(tmp_path, world, piggyback):
     steps, X = 20, 24  # 10 steps per epoch: two epochs
-    spawn(_exact_worker, world, tmp_path, steps, X)
+    spawn(_exact_worker, world, tmp_path, steps, X, piggyback)
     ref = one_process(steps, X)
     sizes = [pickle.load(open(tmp_path / f"sizes-{world}-{r}.pkl", "rb")) for r in range(world)]
     assert all(s == sizes[0] for s in sizes), "ranks disagree on the batch sizes"

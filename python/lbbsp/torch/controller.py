@@ -327,12 +327,23 @@ class LoadBalancer:
         if last and self._cuda:
             ready = torch.cuda.Event(enable_timing=True)
             ready.record()
-        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+        sends = last and not self._cuda and not self._exchange.launched(k)
+        if sends and self._exchange.can_piggyback(tensor):  # the report rides in this allreduce
+            combined = self._exchange.piggyback(k, self._report(k, ready_s), tensor)
+            work = dist.all_reduce(combined, group=group, async_op=True)
+            self._exchange.ride(k, work, combined)
+
+            def gradients(f: torch.futures.Future) -> torch.Tensor:
+                f.value()  # raises what the allreduce raised (a peer gone, a timeout)
+                return combined[:tensor.numel()].view_as(tensor)
+            fut = work.get_future().then(gradients)
+        else:
+            fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+            fut = fut.then(lambda f: f.value()[0])
+            if sends:
+                self._send_report(k, ready_s)
         if not last:
-            return fut.then(lambda f: f.value()[0])
-        sends = not self._cuda and not self._exchange.launched(k)
-        if sends:
-            self._send_report(k, ready_s)
+            return fut
 
         def done(f: torch.futures.Future) -> torch.Tensor:
             if self._cuda:
@@ -343,7 +354,7 @@ class LoadBalancer:
                 self._restart_clock()  # step k+1's window opens as the barrier is left
             else:
                 self._wait_s += time.perf_counter() - ready_s  # a second backward in one step
-            return f.value()[0]
+            return f.value()
         return fut.then(done)
 
     def _window_s(self, now: float) -> float:
@@ -358,7 +369,11 @@ class LoadBalancer:
         return max(0.0, now - self._clock_s - waits)
 
     def _send_report(self, k: int, now: float) -> None:
-        """Launches step k's report; an error building it (the monitor raising) travels as the status flag."""
+        """Launches step k's report in the control group's all-gather."""
+        self._exchange.launch(k, self._report(k, now))
+
+    def _report(self, k: int, now: float) -> torch.Tensor:
+        """Step k's report; an error building it (the monitor raising) travels as the status flag."""
         n = float(self._sizes[k][self.rank])
         self._report_error = None
         try:
@@ -371,7 +386,7 @@ class LoadBalancer:
         except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
             self._report_error = e
             report = [n] + [0.0] * (REPORT - 3) + [1.0, checksum(self._sizes[k])]
-        self._exchange.launch(k, torch.tensor(report, dtype=torch.float64))
+        return torch.tensor(report, dtype=torch.float64)
 
     # ---- the exchange: every rank decides from the same reports ----
 

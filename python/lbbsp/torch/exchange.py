@@ -7,7 +7,7 @@ import datetime
 import time
 import weakref
 import zlib
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -24,6 +24,22 @@ STATUS, CHECKSUM = REPORT - 2, REPORT - 1
 def checksum(sizes: np.ndarray) -> float:
     """CRC-32 of a batch vector (exact in a float64 report)."""
     return float(zlib.crc32(np.ascontiguousarray(sizes, dtype=np.int64).tobytes()))
+
+
+def report_rows(world: int, rank: int, report: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A world x (REPORT + 1) block of ``dtype`` holding ``report`` in row ``rank`` and zeros elsewhere, the CRC as
+    two 16-bit halves (exact in float32); summed over the ranks it holds every report (read_rows)."""
+    rows = torch.zeros(world, REPORT + 1, dtype=dtype)
+    crc = int(report[CHECKSUM])
+    rows[rank, :CHECKSUM] = report[:CHECKSUM].to(dtype)
+    rows[rank, CHECKSUM], rows[rank, CHECKSUM + 1] = crc >> 16, crc & 0xFFFF
+    return rows
+
+
+def read_rows(rows: torch.Tensor) -> np.ndarray:
+    """The world x REPORT float64 reports of a summed report_rows block."""
+    r = rows.double().numpy()
+    return np.concatenate([r[:, :CHECKSUM], r[:, CHECKSUM:CHECKSUM + 1] * 65536 + r[:, CHECKSUM + 1:]], axis=1)
 
 
 def group_ranks(group: Optional[dist.ProcessGroup]) -> List[int]:
@@ -78,7 +94,7 @@ class ReportExchange:
         self.ranks, self.rank, self.world = ranks, rank, len(ranks)
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.group, self.errors = control_groups(ranks, self.timeout)
-        self._flight: Dict[int, Tuple[dist.Work, List[torch.Tensor]]] = {}
+        self._flight: Dict[int, Tuple[dist.Work, Union[List[torch.Tensor], torch.Tensor]]] = {}
         # Taken collectives stay referenced a few steps: the gloo thread may still be finishing one after wait()
         # returned, and must not drop the last reference to its tensors (that needs the GIL).
         self._retired: collections.deque = collections.deque(maxlen=4)
@@ -89,6 +105,24 @@ class ReportExchange:
     def launch(self, step: int, report: torch.Tensor) -> None:
         out = [torch.zeros_like(report) for _ in range(self.world)]
         self._flight[step] = (dist.all_gather(out, report, group=self.group, async_op=True), out)
+
+    # A report rides in the last gradient bucket's own allreduce (appended as this rank's row of a world x
+    # (REPORT + 1) block, zeros elsewhere: the SUM gives every row) when the bucket is float32 or float64 and
+    # small enough that copying it costs less than another collective's round trip; else the all-gather above.
+    # The CRC travels as two 16-bit halves: float32 holds integers up to 2^24 exactly.
+    PIGGYBACK_MAX_BYTES = 4 << 20
+
+    def can_piggyback(self, bucket: torch.Tensor) -> bool:
+        return bucket.dtype in (torch.float32, torch.float64) and \
+            bucket.numel() * bucket.element_size() <= self.PIGGYBACK_MAX_BYTES
+
+    def piggyback(self, step: int, report: torch.Tensor, bucket: torch.Tensor) -> torch.Tensor:
+        """The bucket with this rank's report appended, to allreduce with SUM; take(step) then reads the reports
+        from it once the allreduce (given to ride()) is done."""
+        return torch.cat([bucket.flatten(), report_rows(self.world, self.rank, report, bucket.dtype).flatten()])
+
+    def ride(self, step: int, work: dist.Work, combined: torch.Tensor) -> None:
+        self._flight[step] = (work, combined[-self.world * (REPORT + 1):].view(self.world, REPORT + 1))
 
     def launched(self, step: int) -> bool:
         return step in self._flight
@@ -108,7 +142,7 @@ class ReportExchange:
                                f"{self.missing_ranks(step)}; {str(e).splitlines()[0]}") from None
         finally:
             self.waited_s += time.perf_counter() - t0
-        return torch.stack(out).numpy()
+        return torch.stack(out).numpy() if isinstance(out, list) else read_rows(out)
 
     def drain(self, quiet: bool = False) -> None:
         """Waits for the reports still in flight and forgets them (quiet: whatever happens to them; none after
