@@ -16,15 +16,15 @@
 #include "runtime/straggler.hpp"
 #include "runtime/telemetry.hpp"
 #include "runtime/trainer.hpp"
+#include "scratch_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace lbbsp::runtime;
 
 namespace {
 std::string scratch(const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("lbbsp_test_runtime_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
+  static const lbbsp::testing::ScratchDir dir("lbbsp_test_runtime_");
+  return dir.file(name);
 }
 }  // namespace
 

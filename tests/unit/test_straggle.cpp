@@ -15,6 +15,7 @@
 #include "runtime/straggle/spec.hpp"
 #include "runtime/straggler.hpp"
 #include "runtime/traces.hpp"
+#include "scratch_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace lbbsp::runtime;
@@ -22,9 +23,9 @@ using namespace lbbsp::runtime;
 namespace {
 
 std::string scratch_dir(const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("lbbsp_test_straggle_" + std::to_string(::getpid())) / name;
-  fs::create_directories(dir);
-  return dir.string();
+  static const lbbsp::testing::ScratchDir dir("lbbsp_test_straggle_");
+  fs::create_directories(dir.file(name));
+  return dir.file(name);
 }
 
 std::string error_of(const std::string& spec, int ranks = 2) {

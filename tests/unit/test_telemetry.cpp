@@ -12,6 +12,7 @@
 #include "runtime/h5.hpp"
 #include "runtime/step_engine.hpp"
 #include "runtime/telemetry.hpp"
+#include "scratch_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace lbbsp::runtime;
@@ -19,9 +20,8 @@ using namespace lbbsp::runtime;
 namespace {
 
 std::string scratch(const std::string& name) {
-  auto dir = fs::temp_directory_path() / ("lbbsp_test_telemetry_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
+  static const lbbsp::testing::ScratchDir dir("lbbsp_test_telemetry_");
+  return dir.file(name);
 }
 
 IterationRecord row(int64_t it, int32_t rank) {
