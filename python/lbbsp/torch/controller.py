@@ -329,7 +329,7 @@ class LoadBalancer:
             ready.record()
         sends = last and not self._cuda and not self._exchange.launched(k)
         if sends and self._exchange.can_piggyback(tensor):  # the report rides in this allreduce
-            combined = self._exchange.piggyback(k, self._report(k, ready_s), tensor)
+            combined = self._exchange.piggyback(self._report(k, ready_s), tensor)
             work = dist.all_reduce(combined, group=group, async_op=True)
             self._exchange.ride(k, work, combined)
 

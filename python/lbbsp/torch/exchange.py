@@ -116,9 +116,9 @@ class ReportExchange:
         return bucket.dtype in (torch.float32, torch.float64) and \
             bucket.numel() * bucket.element_size() <= self.PIGGYBACK_MAX_BYTES
 
-    def piggyback(self, step: int, report: torch.Tensor, bucket: torch.Tensor) -> torch.Tensor:
+    def piggyback(self, report: torch.Tensor, bucket: torch.Tensor) -> torch.Tensor:
         """The bucket with this rank's report appended, to allreduce with SUM; take(step) then reads the reports
-        from it once the allreduce (given to ride()) is done."""
+        from it once the allreduce (given to ride(step, ...)) is done."""
         return torch.cat([bucket.flatten(), report_rows(self.world, self.rank, report, bucket.dtype).flatten()])
 
     def ride(self, step: int, work: dist.Work, combined: torch.Tensor) -> None:
