@@ -9,7 +9,9 @@
 # - g++, not clang: clang 14 rejects a GNU extension in predictors/narx.cpp, and it compiled the Eigen-heavy
 #   predictors/arima.cpp 2x slower under ASan.
 # - -O1 -g1 instead of RelWithDebInfo's -O2 -g (that build took ~26 min; this one ~12 min on 2 busy cores),
-#   still inlined enough to run the tests at a useful speed; -g1 keeps file:line in reports. NDEBUG is not set,
+#   still inlined enough to run the tests at a useful speed; -g1 keeps file:line in reports. The runtime and the
+#   test code compile at -O0 (LBBSP_SANITIZE in runtime/ and tests/ CMakeLists.txt): CLI11 and nlohmann::json
+#   cost ~20 s a file at -O1 under ASan+UBSan, ~9 s at -O0 (build 324 -> 177 s on 2 cores, ninja). NDEBUG is not set,
 #   so assert() is checked too.
 # - No CUDA, benchmarks or fuzzers: only the targets the unit and MPI tests run.
 # - -march=native, as in the normal Release build (LBBSP_PORTABLE off), and -O3 for lbbsp_models (set by the
