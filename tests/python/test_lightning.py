@@ -1,6 +1,10 @@
 """lbbsp.lightning on Lightning 2.x (its own launcher, 3 CPU processes, gloo): float64 training with a random
 balancer that gives zero-size slices equals one process on the same global batches; the balancer's figures are
-logged; refused configurations raise. Runs where lightning is installed (python.torch2's venv)."""
+logged; refused configurations raise. Runs where lightning is installed (python.torch2's venv).
+
+The trainers here start their ranks with start_method="fork" (Lightning's ddp_fork): forked ranks inherit this
+process's imports (torch, lightning, torch._dynamo, ~6 s of CPU per spawned rank); test_example_runs and the
+script launcher's test start them as users do."""
 
 import os
 import pickle
@@ -62,7 +66,7 @@ class MicroNet(Net):
 
 
 def test_lightning_with_gradient_accumulation_equals_one_process(tmp_path):
-    strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method="spawn")
+    strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method="fork")
     trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=2, precision="64-true",
                          accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
@@ -88,7 +92,7 @@ class HangNet(Net):
 
 def test_lightning_hung_rank_ends_the_job_naming_it(tmp_path):
     import datetime
-    strategy = LoadBalancedDDP(balancer="lbbsp-cpu", predictor="ema", monitor=fixed_metrics, start_method="spawn",
+    strategy = LoadBalancedDDP(balancer="lbbsp-cpu", predictor="ema", monitor=fixed_metrics, start_method="fork",
                                timeout=datetime.timedelta(seconds=8))
     trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=1, precision="64-true",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -129,7 +133,7 @@ class Bf16Net(Net):
 
 
 def test_lightning_bf16_mixed_agrees_on_every_rank_and_learns(tmp_path):
-    strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method="spawn")
+    strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method="fork")
     trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=3, precision="bf16-mixed",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0)
@@ -147,7 +151,7 @@ def test_lightning_refuses_what_breaks_the_invariant():
 
 
 def _fit(out, ckpt_path=None, **trainer_kwargs):
-    strategy = LoadBalancedDDP(balancer="random:7", seed=3, monitor=fixed_metrics, start_method="spawn")
+    strategy = LoadBalancedDDP(balancer="random:7", seed=3, monitor=fixed_metrics, start_method="fork")
     kwargs = dict(accelerator="cpu", devices=3, strategy=strategy, max_epochs=2, precision="64-true", logger=False,
                   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                   num_sanity_val_steps=0)
@@ -190,7 +194,7 @@ class SlowNet(Net):
 
 def test_lightning_slowed_rank_gets_fewer_samples(tmp_path):
     strategy = LoadBalancedDDP(balancer="lbbsp-cpu", predictor="ema", global_batch=64, monitor=fixed_metrics,
-                               start_method="spawn")
+                               start_method="fork")
     trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=1, precision="64-true",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0)

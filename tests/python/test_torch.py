@@ -25,6 +25,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import lbbsp
 from lbbsp.torch import LoadBalancer
 
+with contextlib.suppress(ImportError):  # PyTorch 2.x: DDP's constructor imports it; the forked ranks inherit it
+    import torch._dynamo  # noqa: F401
+
 N, DIM, CLASSES = 240, 12, 4
 
 
@@ -60,9 +63,14 @@ def finish():
 
 
 def spawn(fn, world, tmp_path, *args):
+    """Runs fn(rank, world, store, out, *args) in `world` forked processes. Forked, not spawned: a spawned rank
+    imports torch again and, on PyTorch 2.x, DDP's constructor imports torch._dynamo (~2 s each); imported once
+    here (below), every rank starts at once. The ranks call torch.set_num_threads(1) first (init), so they never
+    enter the OpenMP pool this process may have used."""
     store = tmp_path / f"store-{fn.__name__}-{world}-{next(_STORES)}"  # a fresh FileStore per spawn: workers
     # that end with os._exit leave theirs behind
-    mp.spawn(fn, args=(world, str(store), str(tmp_path), *args), nprocs=world, join=True)
+    mp.start_processes(fn, args=(world, str(store), str(tmp_path), *args), nprocs=world, join=True,
+                       start_method="fork")
 
 
 def fixed_metrics():
@@ -344,7 +352,7 @@ def _hang_worker(rank, world, store, out):
 
 
 def test_hung_rank_is_named_and_others_stop(tmp_path):
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("fork")  # as spawn() does
     store = tmp_path / "store-hang"
     procs = [ctx.Process(target=_hang_worker, args=(r, 3, str(store), str(tmp_path))) for r in range(3)]
     for p in procs:
