@@ -101,7 +101,8 @@ def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True):
         lb.step()
     params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
     np.save(os.path.join(out, f"exact-{world}-{rank}.npy"), params)
-    pickle.dump(sizes, open(os.path.join(out, f"sizes-{world}-{rank}.pkl"), "wb"))
+    paths = {"rides": lb._exchange.rides, "gathers": lb._exchange.gathers}  # which way the reports travelled
+    pickle.dump((sizes, paths), open(os.path.join(out, f"sizes-{world}-{rank}.pkl"), "wb"))
     finish()
 
 
@@ -172,7 +173,11 @@ def test_exact_against_one_process(tmp_path, world, piggyback):
     steps, X = 20, 24  # 10 steps per epoch: two epochs
     spawn(_exact_worker, world, tmp_path, steps, X, piggyback)
     ref = one_process(steps, X)
-    sizes = [pickle.load(open(tmp_path / f"sizes-{world}-{r}.pkl", "rb")) for r in range(world)]
+    got = [pickle.load(open(tmp_path / f"sizes-{world}-{r}.pkl", "rb")) for r in range(world)]
+    sizes, paths = [g[0] for g in got], [g[1] for g in got]
+    # Every step's reports went the way asked: a silent fall-back to the all-gather would cost a collective.
+    want = {"rides": steps, "gathers": 0} if piggyback else {"rides": 0, "gathers": steps}
+    assert all(p == want for p in paths), paths
     assert all(s == sizes[0] for s in sizes), "ranks disagree on the batch sizes"
     flat = np.array(sizes[0])
     assert (flat.sum(axis=1) == X).all()

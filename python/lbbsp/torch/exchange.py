@@ -100,11 +100,13 @@ class ReportExchange:
         self._retired: collections.deque = collections.deque(maxlen=4)
         self.waited_s = 0.0  # seconds spent blocked in take(), since the owner last cleared it
         self.broken = False  # a collective failed: reports still in flight will not arrive
+        self.rides = self.gathers = 0  # steps whose reports rode in a gradient bucket / took the all-gather
         _LIVE.add(self)
 
     def launch(self, step: int, report: torch.Tensor) -> None:
         out = [torch.zeros_like(report) for _ in range(self.world)]
         self._flight[step] = (dist.all_gather(out, report, group=self.group, async_op=True), out)
+        self.gathers += 1
 
     # A report rides in the last gradient bucket's own allreduce (appended as this rank's row of a world x
     # (REPORT + 1) block, zeros elsewhere: the SUM gives every row) when the bucket is float32 or float64 and
@@ -123,6 +125,7 @@ class ReportExchange:
 
     def ride(self, step: int, work: dist.Work, combined: torch.Tensor) -> None:
         self._flight[step] = (work, combined[-self.world * (REPORT + 1):].view(self.world, REPORT + 1))
+        self.rides += 1
 
     def launched(self, step: int) -> bool:
         return step in self._flight
