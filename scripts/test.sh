@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 cd build
 # As many tests at once as there are cores: the unit, cli and mpi tests wait on their ranks much of the time;
-# the ones that build or start daemons (asan, fuzz, python, slurm, multihost, package) are RUN_SERIAL.
+# the ones that build or start daemons (asan, fuzz, python, multihost, package) are RUN_SERIAL; the slurm ones,
+# mostly waiting on their jobs, only exclude each other.
 jobs=(-j "$(nproc)")
 if (($#)); then
   ctest --output-on-failure --timeout 900 "${jobs[@]}" "$@"
