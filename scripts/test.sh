@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up, build and run the test suite with CTest. Extra arguments go to ctest (e.g. -L unit). Without arguments
 # everything runs, including label asan: tests/sanitize/run_asan.sh builds lbbsp and the unit tests again with
-# ASan+UBSan in build/build-asan (its own folder) and runs the unit and MPI tests there (~15 min on 2 cores).
+# ASan+UBSan in build/build-asan (its own folder) and runs the unit and MPI tests there (~5-6 min on 2 cores; the
+# whole suite ~13-14 min of ctest).
 # LBBSP_SKIP_ASAN=1 ./scripts/test.sh leaves that out for a quicker local run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
