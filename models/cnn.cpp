@@ -122,6 +122,7 @@ class Cnn final : public Model {
 #pragma omp parallel for num_threads(team) schedule(dynamic, 1) if (team > 1)
     for (int b = 0; b < batches; ++b) run(b);
     add_partials(partials, batches, grad);
+    if (team > 1) mark_team_released();
     StepStats total;
     for (const StepStats& part : stats) total.loss_sum += part.loss_sum, total.correct += part.correct;
     return total;

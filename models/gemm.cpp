@@ -3,6 +3,8 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include "models/model.hpp"
+
 namespace lbbsp::models {
 
 namespace {
@@ -55,6 +57,7 @@ void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const fl
       blas_gemm(trans_a, trans_b, m, s1 - s0, k, alpha, a, lda, b_cols, ldb, beta, c + s0, ldc);
     }
   }
+  mark_team_released();
 }
 
 }  // namespace lbbsp::models

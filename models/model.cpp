@@ -1,7 +1,11 @@
 #include "models/model.hpp"
 
 #include <omp.h>
+#include <strings.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -79,6 +83,30 @@ void set_num_threads(int n) {
 
 int num_threads() {
   return g_threads > 0 ? g_threads : omp_get_max_threads();
+}
+
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+std::atomic<int64_t> g_team_released_ns{INT64_MIN / 2};  // long ago
+}  // namespace
+
+void mark_team_released() {
+  g_team_released_ns.store(now_ns(), std::memory_order_relaxed);
+}
+
+bool team_is_awake() {
+  // OMP_WAIT_POLICY=passive: the threads sleep as soon as a region ends.
+  static const bool passive = [] {
+    const char* policy = std::getenv("OMP_WAIT_POLICY");
+    return policy && strcasecmp(policy, "passive") == 0;
+  }();
+  if (passive || omp_in_parallel() || omp_get_max_threads() < 2) return false;
+  const int64_t since = now_ns() - g_team_released_ns.load(std::memory_order_relaxed);
+  return since >= 0 && double(since) < kTeamAwakeMicroseconds * 1e3;
 }
 
 OneThreadScope::OneThreadScope(bool active) {

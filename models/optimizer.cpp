@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/spec.hpp"
+#include "models/model.hpp"
 
 namespace lbbsp::models {
 
@@ -94,10 +95,12 @@ void Sgd::step_range(float* params, float* v, const float* grad_sum, size_t n, i
   const float inv_batch = float(1.0 / double(global_batch));
   const float wd = float(weight_decay_), mu = float(momentum_), rate = float(lr);
   const int64_t count = int64_t(n);
-  // Two threads halve a memory-bound pass only when the second is awake; woken from sleep (after the
-  // allreduce it is) it costs 35-90 us, the whole pass over 1M floats (docs/threads.md). `parallel :`: an
-  // if clause without it would switch off the simd too.
-#pragma omp parallel for simd schedule(static) if (parallel : count > (1 << 20))
+  // Two threads halve a memory-bound pass only when the second is awake: woken from sleep (after the
+  // allreduce it is) it costs 35-90 us, the whole pass over 1M floats; right after a parallel backward (one
+  // process, no allreduce) it costs a microsecond, and the pass over 128k floats saves more
+  // (docs/threads.md). `parallel :`: an if clause without it would switch off the simd too.
+  const bool split = count > (1 << 20) || (count > (1 << 17) && team_is_awake());
+#pragma omp parallel for simd schedule(static) if (parallel : split)
   for (int64_t i = 0; i < count; ++i) {
     const float g = grad_sum[i] * inv_batch + wd * params[i];
     v[i] = mu * v[i] + g;

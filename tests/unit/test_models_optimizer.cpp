@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/model.hpp"
 #include "models/optimizer.hpp"
 #include "test_models_util.hpp"
 
@@ -40,7 +41,7 @@ TEST(Sgd, PlainStepDividesByTheGlobalBatch) {
 }
 
 TEST(Sgd, LargeBufferMatchesAScalarLoop) {
-  // Big enough for the parallel path; each element must follow the same formula.
+  // Each element must follow the same formula, on whichever path the pass takes.
   const size_t count = 300001;
   std::mt19937_64 rng(9);
   auto w = testing::random_floats(count, rng), g = testing::random_floats(count, rng);
@@ -57,6 +58,28 @@ TEST(Sgd, LargeBufferMatchesAScalarLoop) {
   }
   EXPECT_TRUE(testing::all_close(w, w_ref, 1e-6));
   EXPECT_TRUE(testing::all_close(sgd.velocity(), v_ref, 1e-6));
+}
+
+TEST(Sgd, SplitPassGivesTheBitsOfOneThread) {
+  // 2 threads just after a parallel region (the team is awake: the 128k-2^20 pass may split) against one
+  // thread: element-wise, so the same bits whichever way the pass ran.
+  const size_t count = 300001;
+  std::mt19937_64 rng(11);
+  const auto g = testing::random_floats(count, rng);
+  auto w_split = testing::random_floats(count, rng);
+  auto w_one = w_split;
+  Sgd split(count, 0.9, 5e-4), one(count, 0.9, 5e-4);
+  set_num_threads(2);
+  for (int step = 0; step < 3; ++step) {
+    mark_team_released();
+    split.step(w_split.data(), g.data(), 64, 0.05);
+    const OneThreadScope single;
+    EXPECT_FALSE(team_is_awake());  // one thread: nothing to wake
+    one.step(w_one.data(), g.data(), 64, 0.05);
+  }
+  set_num_threads(1);
+  EXPECT_EQ(w_split, w_one);
+  EXPECT_EQ(split.velocity(), one.velocity());
 }
 
 TEST(Sgd, RejectsBadArguments) {
