@@ -79,6 +79,12 @@ def main():
         sys.exit(f"batch_sweep.py: --threads {a.threads!r} must be a comma-separated list of integers")
     if a.rounds < 1:
         sys.exit(f"batch_sweep.py: --rounds {a.rounds} must be at least 1")
+    if a.png:  # before minutes of measuring, not after
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            sys.exit(f"batch_sweep.py: --png needs matplotlib in {sys.executable} (apt-get install "
+                     "python3-matplotlib and run /usr/bin/python3, or pip install matplotlib)")
     results = {t: {} for t in threads}
     for _ in range(a.rounds):
         for t in threads:
