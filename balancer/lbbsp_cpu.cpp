@@ -102,20 +102,25 @@ class LbbspCpuBalancer final : public BalancerBase {
   }
   std::vector<double> predicted_speeds() const override { return predicted_; }
   std::string save_state() const override {
-    StateWriter w("lbbsp-cpu/2");
+    StateWriter w("lbbsp-cpu/3");
     w.str(spec_);
     w.f64s(predicted_);
     w.f64s(base_speed_);
     w.f64s(signal_base_);
     w.i64s(held_);
-    w.f64s({miss2_, miss_weight_, last_miss2_});
+    w.f64s({miss2_, miss_weight_});
+    w.f64s(recent_miss2_);
     for (const auto& p : predictors_) w.str(p->save_state());
     return w.text();
   }
-  // "lbbsp-cpu/2" (this version) or "lbbsp-cpu" (before the noise band: no held split or miss statistics).
+  // "lbbsp-cpu/3" (this version), "lbbsp-cpu/2" (the last report's misses only, not the last few) or
+  // "lbbsp-cpu" (before the noise band: no held split or miss statistics).
   void load_state(const std::string& state) override {
-    const bool v2 = state.rfind("lbbsp-balancer-state lbbsp-cpu/2\n", 0) == 0;
-    StateReader r(state, v2 ? "lbbsp-cpu/2" : "lbbsp-cpu");
+    const auto saved_as = [&](const char* format) {
+      return state.rfind(std::string("lbbsp-balancer-state ") + format + "\n", 0) == 0;
+    };
+    const int version = saved_as("lbbsp-cpu/3") ? 3 : saved_as("lbbsp-cpu/2") ? 2 : 1;
+    StateReader r(state, version == 3 ? "lbbsp-cpu/3" : version == 2 ? "lbbsp-cpu/2" : "lbbsp-cpu");
     if (r.str() != spec_) throw std::invalid_argument("lbbsp-cpu: state was saved with another predictor");
     predicted_ = r.f64s();
     base_speed_ = r.f64s();
@@ -123,13 +128,18 @@ class LbbspCpuBalancer final : public BalancerBase {
     if (base_speed_.size() != n() || signal_base_.size() != n())
       throw std::invalid_argument("lbbsp-cpu: state is for another worker count");
     held_.clear();
-    miss2_ = miss_weight_ = last_miss2_ = 0;
-    if (v2) {
+    recent_miss2_.clear();
+    miss2_ = miss_weight_ = 0;
+    if (version >= 2) {
       held_ = r.i64s();
       const std::vector<double> miss = r.f64s();
-      if ((!held_.empty() && held_.size() != n()) || miss.size() != 3)
+      if (!held_.empty() && held_.size() != n())
         throw std::invalid_argument("lbbsp-cpu: state is for another worker count");
-      miss2_ = miss[0], miss_weight_ = miss[1], last_miss2_ = miss[2];
+      if (miss.size() != (version == 2 ? 3u : 2u))
+        throw std::invalid_argument("lbbsp-cpu: bad miss statistics");
+      miss2_ = miss[0], miss_weight_ = miss[1];
+      recent_miss2_ = version == 2 ? std::vector<double>{miss[2]} : r.f64s();
+      if (recent_miss2_.size() > kRecentSteps) throw std::invalid_argument("lbbsp-cpu: bad miss statistics");
     }
     for (auto& p : predictors_) p->load_state(r.str());
   }
@@ -142,6 +152,7 @@ class LbbspCpuBalancer final : public BalancerBase {
   // back and forth, while a straggler that costs more than the noise is balanced at once. Low-noise runs
   // (modelled costs, dedicated nodes) have a band near 0. docs/balancers.md has the measurements.
   static constexpr double kMissAlpha = 0.1;  // EMA weight of the newest iteration's misses
+  static constexpr size_t kRecentSteps = 3;  // the band is no wider than the widest misses of these
   // Misses relative to the fleet's, in logs (log(measured / predicted speed) less its mean over the workers
   // measured): what all workers share (a warm-up step, a slower allreduce, a change of phase) moves no
   // sample, and a speed 10x below its prediction counts as much as one 10x above.
@@ -155,15 +166,22 @@ class LbbspCpuBalancer final : public BalancerBase {
     double mean = 0, sum2 = 0;
     for (double q : log_ratio) mean += q / count;
     for (double q : log_ratio) sum2 += (q - mean) * (q - mean);
-    last_miss2_ = sum2 / count;
-    miss2_ = (1 - kMissAlpha) * miss2_ + kMissAlpha * last_miss2_;
+    const double miss2 = sum2 / count;
+    recent_miss2_.push_back(miss2);
+    if (recent_miss2_.size() > kRecentSteps) recent_miss2_.erase(recent_miss2_.begin());
+    miss2_ = (1 - kMissAlpha) * miss2_ + kMissAlpha * miss2;
     miss_weight_ = (1 - kMissAlpha) * miss_weight_ + kMissAlpha;  // bias correction, as Adam's
   }
   // At least this iteration's own misses: after one wild step (a rank's DataLoader worker starved) the
   // predictions are off by about what that step missed by, and the next steps' misses say how far they still
-  // are, so samples move only once the predictions have settled.
+  // are, so samples move only once the predictions have settled. At most the widest misses of the last
+  // kRecentSteps: a burst (the first steps, while the predictors know nothing; a change of phase) stops
+  // widening the band once it is over, where the EMA alone held a wrong split for 10-15 steps; noise that
+  // persists keeps it wide.
   double noise_band() const {
-    return miss_weight_ > 0 ? std::sqrt(std::max(miss2_ / miss_weight_, last_miss2_)) : 0.0;
+    if (miss_weight_ <= 0 || recent_miss2_.empty()) return 0.0;
+    const double recent_max = *std::max_element(recent_miss2_.begin(), recent_miss2_.end());
+    return std::sqrt(std::min(std::max(miss2_ / miss_weight_, recent_miss2_.back()), recent_max));
   }
   std::vector<int64_t> report_batch(const IterationReport& report) const {
     std::vector<int64_t> b(n());
@@ -191,7 +209,7 @@ class LbbspCpuBalancer final : public BalancerBase {
   std::vector<double> signal_base_;  // speed at capacity 1 by the capacity exo (cfg.capacity_exo)
   std::vector<int64_t> held_;  // the split last decided (kept while a change would gain less than the noise)
   double miss2_ = 0, miss_weight_ = 0;  // EMA of the mean squared relative miss, and its weight so far
-  double last_miss2_ = 0;               // the mean squared relative miss of the last report
+  std::vector<double> recent_miss2_;    // the mean squared relative miss of the last few reports, newest last
 };
 
 }  // namespace
