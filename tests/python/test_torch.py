@@ -470,6 +470,42 @@ def test_rank_slowed_anywhere_in_the_step_gets_fewer_samples(tmp_path, where):
     assert sizes[2] < 0.5 * min(sizes[0], sizes[1]), (where, sizes)
 
 
+def _change_worker(rank, world, store, out):
+    init(rank, world, store)
+    cost = 4e-3  # seconds per sample, after backward, on every rank
+    x, y = data()
+    model = DDP(make_model())
+    lb = LoadBalancer(model, dataset_size=N, global_batch=48, balancer="random:5", seed=1, monitor=fixed_metrics)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    rows = []
+    for g in range(16):
+        n = int(lb.batch_sizes[rank])
+        idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+        lb.scale(F.cross_entropy(model(x[idx]), y[idx])).backward()
+        time.sleep(n * cost)
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+        rows.append((n, lb.figures()["lbbsp/measured_s"]))
+    np.save(os.path.join(out, f"change-{rank}.npy"), np.array(rows))
+    finish()
+
+
+def test_a_changed_size_is_measured_on_the_new_size(tmp_path):
+    """With a DDP model on the CPU a step's window opens as the previous step's allreduce completes, so it starts
+    with the previous step's work after backward. Where the size changed, that part counts as the new size
+    costs: the time reported is nearer the new size's cost than the old one's (before, it was the old one's)."""
+    spawn(_change_worker, 3, tmp_path)
+    cost, checked = 4e-3, 0
+    for r in range(3):
+        rows = np.load(tmp_path / f"change-{r}.npy")
+        for (before, _), (n, measured) in zip(rows[:-1], rows[1:]):
+            if before >= 4 and 0.5 <= n / before <= 2 and abs(n - before) >= 6:
+                checked += 1
+                assert abs(measured - cost * n) < abs(measured - cost * before), (r, before, n, measured)
+    assert checked >= 3, "random:5 changed the sizes too little: the test lost its point"
+
+
 # ---- a mean-reduced loss through lb.scale (with an L2 term inside) equals one process ----
 
 L2 = 1e-2

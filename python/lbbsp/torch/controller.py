@@ -100,6 +100,8 @@ class LoadBalancer:
         self.steps_per_epoch = lbbsp.steps_per_epoch(self.dataset_size, self.global_batch)
         self._sizes: Dict[int, np.ndarray] = {k: self._balancer.initial() for k in range(self.lag + 1)}
         self._done_sizes = self._sizes[0]  # the batch vector of the last step closed (figures())
+        self._after_barrier: Optional[tuple] = None  # (step, seconds, batch) of the work after its allreduce
+        self._measured_s = float("nan")  # this rank's time in its last report (figures())
         self._step = 0  # global step (over epochs) that the next step() closes
         self._decided = -1  # the last step whose reports were decided from
         self._stepped = False  # step() called since construction (or the last load_state_dict)
@@ -163,10 +165,11 @@ class LoadBalancer:
         return f"epoch {epoch}, step {step}"
 
     def figures(self) -> Dict[str, float]:
-        """What a framework logs after a step: this rank's batch size in the step just done, its predicted speed
-        (samples/s, where the balancer predicts), and the seconds so far blocked on reports and spent in step()."""
+        """What a framework logs after a step: this rank's batch size in the step just done, the time it reported
+        for its last measured step (what the balancer sees), its predicted speed (samples/s, where the balancer
+        predicts), and the seconds so far blocked on reports and spent in step()."""
         out = {"lbbsp/batch_size": float(self._done_sizes[self.rank]), "lbbsp/wait_s": self.timing["wait_s"],
-               "lbbsp/step_s": self.timing["step_s"]}
+               "lbbsp/step_s": self.timing["step_s"], "lbbsp/measured_s": self._measured_s}
         speeds = self._balancer.predicted_speeds()
         if len(speeds) == self.world_size:
             out["lbbsp/predicted_speed"] = float(speeds[self.rank])
@@ -324,9 +327,9 @@ class LoadBalancer:
         group = process_group if process_group is not None else dist.group.WORLD
         last = bucket.is_last() if hasattr(bucket, "is_last") else False
         ready_s = time.perf_counter()
-        if last and self._cuda:
+        if last and self._cuda:  # on the model's device's stream, whichever device is current on this thread
             ready = torch.cuda.Event(enable_timing=True)
-            ready.record()
+            ready.record(torch.cuda.current_stream(self._device))
         sends = last and not self._cuda and not self._exchange.launched(k)
         if sends and self._exchange.can_piggyback(tensor):  # the report rides in this allreduce
             combined = self._exchange.piggyback(self._report(k, ready_s), tensor)
@@ -348,7 +351,7 @@ class LoadBalancer:
         def done(f: torch.futures.Future) -> torch.Tensor:
             if self._cuda:
                 end = torch.cuda.Event(enable_timing=True)
-                end.record()
+                end.record(torch.cuda.current_stream(self._device))
                 self._events.append((ready, end))
             elif sends:
                 self._restart_clock()  # step k+1's window opens as the barrier is left
@@ -368,6 +371,20 @@ class LoadBalancer:
         waits = self._wait_s + self._untimed_s + self._exchange.waited_s
         return max(0.0, now - self._clock_s - waits)
 
+    def _on_this_batch(self, k: int, n: int, window_s: float) -> float:
+        """With a DDP model on the CPU step k's window opened as step k-1's allreduce completed: it began with
+        step k-1's work after backward (the optimizer step, anything after backward()), done on step k-1's batch.
+        Where the size changed that part is scaled to step k's batch, as it will cost from now on; otherwise a
+        rank cut from 128 to 49 samples would report the 128's work over 49 and look slow, once per change.
+        The scale is bounded to [1/4, 4]: a per-step constant in that part (the optimizer) does not scale."""
+        if self._after_barrier is None:
+            return window_s
+        step, after_s, before = self._after_barrier
+        if step != k - 1 or before <= 0 or n <= 0 or before == n:
+            return window_s
+        ratio = min(4.0, max(0.25, n / before))
+        return max(0.0, window_s + min(after_s, window_s) * (ratio - 1.0))
+
     def _send_report(self, k: int, now: float) -> None:
         """Launches step k's report in the control group's all-gather."""
         self._exchange.launch(k, self._report(k, now))
@@ -381,7 +398,9 @@ class LoadBalancer:
                 raise RuntimeError(f"step {k}: lb.scale() was called {self._micro} times for micro_batches="
                                    f"{self.micro_batches}: each micro-batch's loss needs it once, else the "
                                    "gradients are weighted wrong")
-            compute = self._recorded_s if self._recorded_s is not None else self._window_s(now)
+            compute = self._recorded_s if self._recorded_s is not None else self._on_this_batch(
+                k, int(n), self._window_s(now))
+            self._measured_s = compute
             report = [n, compute, *self._metrics(), float(self._mem_cap()), 0.0, checksum(self._sizes[k])]
         except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
             self._report_error = e
@@ -402,6 +421,8 @@ class LoadBalancer:
         from_step = not self._exchange.launched(k)
         if from_step:
             self._send_report(k, t0)
+        else:  # the window of step k+1 is open since step k's allreduce: what ran since was step k's work
+            self._after_barrier = (k, self._window_s(t0), int(self._sizes[k][self.rank]))
         self._decide_through(k - self.lag, block=True)  # step k+1's sizes
         if self.lag:
             self._decide_through(k, block=False)
@@ -494,6 +515,7 @@ class LoadBalancer:
             last = saved.get(g, last)
             sizes[g] = last
         self._sizes, self._step, self._decided, self._stepped, self._micro = sizes, step, step - 1, False, 0
+        self._after_barrier = None
         self._restart_clock()
 
     # ---- DataLoader ----
