@@ -56,24 +56,31 @@ done
 "$PY" - "$OUT" $SLOPE $X $caps <<'PY'
 import json, sys
 out, slope, X, caps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), [float(c) for c in sys.argv[4].split(",")]
-def row(label, r, base, oracle):
+def modelled(r):
+    """The cost model's slowest rank (samples / capacity), mean over the run's steps: the split's quality alone,
+    free of the machine's noise (None where the run kept no batch sizes)."""
+    bs = r.get("batch_sizes")
+    return sum(max(b / caps[i % len(caps)] for i, b in enumerate(v)) for v in bs) / len(bs) if bs else None
+def row(label, r, base, oracle, oracle_split=None):
     it, t = r["mean_iteration_s"], r.get("time_to_target_s")
+    split = "%.3f" % (oracle_split / modelled(r)) if oracle_split and modelled(r) else "-"
     cost = "%.2f%% / %.2f%%" % (100 * r["decide_fraction"], 100 * r["controller_fraction"]) if "decide_fraction" in r \
         else "%.2f%%" % (100 * r.get("balancer_overhead_fraction", 0.0))
     vs = f"{base / it:.2f}x" if base else "-"
-    print(f"| {label} | {it * 1e3:.1f} ms | {vs} | {oracle / it:.3f} | {ideal / it:.3f} | "
+    print(f"| {label} | {it * 1e3:.1f} ms | {vs} | {oracle / it:.3f} | {split} | {ideal / it:.3f} | "
           f"{'%.1f s' % t if t is not None else 'not reached'} | {cost} |")
 load = lambda k: json.load(open(f"{out}/{k}.json"))
 ideal = slope * X / sum(caps)
 print(f"\nideal iteration (every rank busy): {ideal * 1e3:.1f} ms; torch {load('ddp-oracle-forward')['torch']}\n")
-print("| run | mean iteration | vs plain DDP | vs its oracle | vs ideal | time to 0.85 | decide / step() cost |")
-print("|---|---:|---:|---:|---:|---:|---:|")
+print("| run | mean iteration | vs plain DDP | vs its oracle | split vs the oracle's (modelled) | vs ideal | "
+      "time to 0.85 | decide / step() cost |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for name in ("forward", "load", "after-backward", "loader"):
     plain, oracle = load(f"plain-ddp-{name}"), load(f"ddp-oracle-{name}")
     base, best = plain["mean_iteration_s"], oracle["mean_iteration_s"]
-    row(f"plain DDP, cost {name}", plain, base, best)
-    row(f"DDP + lbbsp, cost {name}", load(f"ddp-lbbsp-{name}"), base, best)
-    row(f"DDP, oracle split, cost {name}", oracle, base, best)
+    row(f"plain DDP, cost {name}", plain, base, best, modelled(oracle))
+    row(f"DDP + lbbsp, cost {name}", load(f"ddp-lbbsp-{name}"), base, best, modelled(oracle))
+    row(f"DDP, oracle split, cost {name}", oracle, base, best, modelled(oracle))
 lo = load("lbbsp-oracle")["mean_iteration_s"]
 row("lbbsp train lbbsp-cpu/narx", load("lbbsp-lbbsp-cpu"), 0, lo)
 row("lbbsp train oracle", load("lbbsp-oracle"), 0, lo)
