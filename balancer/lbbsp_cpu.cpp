@@ -116,10 +116,7 @@ class LbbspCpuBalancer final : public BalancerBase {
   // "lbbsp-cpu/3" (this version), "lbbsp-cpu/2" (the last report's misses only, not the last few) or
   // "lbbsp-cpu" (before the noise band: no held split or miss statistics).
   void load_state(const std::string& state) override {
-    const auto saved_as = [&](const char* format) {
-      return state.rfind(std::string("lbbsp-balancer-state ") + format + "\n", 0) == 0;
-    };
-    const int version = saved_as("lbbsp-cpu/3") ? 3 : saved_as("lbbsp-cpu/2") ? 2 : 1;
+    const int version = state_has_tag(state, "lbbsp-cpu/3") ? 3 : state_has_tag(state, "lbbsp-cpu/2") ? 2 : 1;
     StateReader r(state, version == 3 ? "lbbsp-cpu/3" : version == 2 ? "lbbsp-cpu/2" : "lbbsp-cpu");
     if (r.str() != spec_) throw std::invalid_argument("lbbsp-cpu: state was saved with another predictor");
     predicted_ = r.f64s();

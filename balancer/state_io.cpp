@@ -6,7 +6,13 @@
 
 namespace lbbsp::balancer {
 
-StateWriter::StateWriter(const std::string& tag) : out_("lbbsp-balancer-state " + tag + "\n") {}
+namespace {
+std::string header_of(const std::string& tag) {
+  return "lbbsp-balancer-state " + tag + "\n";
+}
+}  // namespace
+
+StateWriter::StateWriter(const std::string& tag) : out_(header_of(tag)) {}
 
 void StateWriter::i64(int64_t v) {
   out_ += std::to_string(v) + ' ';
@@ -32,11 +38,14 @@ void StateWriter::f64s(const std::vector<double>& v) {
   for (double x : v) f64(x);
 }
 
+bool state_has_tag(const std::string& state, const std::string& tag) {
+  const std::string header = header_of(tag);
+  return state.compare(0, header.size(), header) == 0;
+}
+
 StateReader::StateReader(const std::string& state, const std::string& tag) : in_(state) {
-  const std::string header = "lbbsp-balancer-state " + tag + "\n";
-  if (state.compare(0, header.size(), header) != 0)
-    throw std::invalid_argument("balancer state is not a '" + tag + "' state");
-  pos_ = header.size();
+  if (!state_has_tag(state, tag)) throw std::invalid_argument("balancer state is not a '" + tag + "' state");
+  pos_ = header_of(tag).size();
 }
 
 std::string StateReader::token() {

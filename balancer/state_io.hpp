@@ -21,6 +21,9 @@ class StateWriter {
   std::string out_;
 };
 
+// Whether `state` was written with this tag (a balancer that reads older formats picks its reader with it).
+bool state_has_tag(const std::string& state, const std::string& tag);
+
 class StateReader {
  public:
   // Throws std::invalid_argument when the state was not written with this tag.

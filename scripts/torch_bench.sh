@@ -63,7 +63,8 @@ def modelled(r):
     return sum(max(b / caps[i % len(caps)] for i, b in enumerate(v)) for v in bs) / len(bs) if bs else None
 def row(label, r, base, oracle, oracle_split=None):
     it, t = r["mean_iteration_s"], r.get("time_to_target_s")
-    split = "%.3f" % (oracle_split / modelled(r)) if oracle_split and modelled(r) else "-"
+    mine = modelled(r) if oracle_split else None
+    split = "%.3f" % (oracle_split / mine) if mine else "-"
     cost = "%.2f%% / %.2f%%" % (100 * r["decide_fraction"], 100 * r["controller_fraction"]) if "decide_fraction" in r \
         else "%.2f%%" % (100 * r.get("balancer_overhead_fraction", 0.0))
     vs = f"{base / it:.2f}x" if base else "-"
@@ -77,10 +78,10 @@ print("| run | mean iteration | vs plain DDP | vs its oracle | split vs the orac
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
 for name in ("forward", "load", "after-backward", "loader"):
     plain, oracle = load(f"plain-ddp-{name}"), load(f"ddp-oracle-{name}")
-    base, best = plain["mean_iteration_s"], oracle["mean_iteration_s"]
-    row(f"plain DDP, cost {name}", plain, base, best, modelled(oracle))
-    row(f"DDP + lbbsp, cost {name}", load(f"ddp-lbbsp-{name}"), base, best, modelled(oracle))
-    row(f"DDP, oracle split, cost {name}", oracle, base, best, modelled(oracle))
+    base, best, best_split = plain["mean_iteration_s"], oracle["mean_iteration_s"], modelled(oracle)
+    row(f"plain DDP, cost {name}", plain, base, best, best_split)
+    row(f"DDP + lbbsp, cost {name}", load(f"ddp-lbbsp-{name}"), base, best, best_split)
+    row(f"DDP, oracle split, cost {name}", oracle, base, best, best_split)
 lo = load("lbbsp-oracle")["mean_iteration_s"]
 row("lbbsp train lbbsp-cpu/narx", load("lbbsp-lbbsp-cpu"), 0, lo)
 row("lbbsp train oracle", load("lbbsp-oracle"), 0, lo)

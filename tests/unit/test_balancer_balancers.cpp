@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 
@@ -465,9 +466,12 @@ TEST(Balancers, LbbspCpuBalancesAStragglerAboveTheNoise) {
   }
 }
 
-// A state saved before the noise band ("lbbsp-cpu": no held split, no miss statistics) still loads, with the
-// same predictions, and the balancer goes on from the split in its next report.
-TEST(Balancers, LbbspCpuLoadsAStateFromBeforeTheNoiseBand) {
+namespace {
+
+// lbbsp-cpu:ema on 4 workers for 6 iterations; `rewrite` turns its saved state (format lbbsp-cpu/3) into an
+// older format's text. A fresh balancer loads that with the same predictions, and goes on from the split in
+// the next report with valid splits.
+void expect_older_state_loads(const std::function<std::string(StateReader&, size_t)>& rewrite) {
   const size_t n = 4;
   const Cluster c = static_cpu_cluster(n, 12);
   auto a = make_balancer(config("lbbsp-cpu:ema", n, 400));
@@ -475,13 +479,9 @@ TEST(Balancers, LbbspCpuLoadsAStateFromBeforeTheNoiseBand) {
   for (size_t t = 0; t < 6; ++t) batch = a->next(c.report(t, batch));
   const std::string saved = a->save_state();  // (StateReader keeps a reference)
   StateReader r(saved, "lbbsp-cpu/3");
-  StateWriter old("lbbsp-cpu");
-  old.str(r.str());
-  for (int k = 0; k < 3; ++k) old.f64s(r.f64s());   // predicted, base speed, signal base
-  r.i64s(), r.f64s(), r.f64s();                     // held split, miss statistics: not in the old format
-  for (size_t i = 0; i < n; ++i) old.str(r.str());  // the predictors
+  const std::string old = rewrite(r, n);
   auto b = make_balancer(config("lbbsp-cpu:ema", n, 400));
-  ASSERT_NO_THROW(b->load_state(old.text()));
+  ASSERT_NO_THROW(b->load_state(old));
   EXPECT_EQ(b->predicted_speeds(), a->predicted_speeds());
   for (size_t t = 6; t < 12; ++t) {
     batch = b->next(c.report(t, batch));
@@ -489,34 +489,35 @@ TEST(Balancers, LbbspCpuLoadsAStateFromBeforeTheNoiseBand) {
   }
 }
 
-// A state saved as "lbbsp-cpu/2" (the EMA and the last report's misses, not the last few) loads and makes the
-// decisions of the balancer that saved it: the same split while the next reports are the same.
+}  // namespace
+
+// A state saved before the noise band ("lbbsp-cpu": no held split, no miss statistics) still loads.
+TEST(Balancers, LbbspCpuLoadsAStateFromBeforeTheNoiseBand) {
+  expect_older_state_loads([](StateReader& r, size_t n) {
+    StateWriter old("lbbsp-cpu");
+    old.str(r.str());
+    for (int k = 0; k < 3; ++k) old.f64s(r.f64s());   // predicted, base speed, signal base
+    r.i64s(), r.f64s(), r.f64s();                     // held split, miss statistics: not in the old format
+    for (size_t i = 0; i < n; ++i) old.str(r.str());  // the predictors
+    return old.text();
+  });
+}
+
+// A state saved as "lbbsp-cpu/2" (the EMA and the last report's misses, not the last few) still loads.
 TEST(Balancers, LbbspCpuLoadsAStateOfFormat2) {
-  const size_t n = 4;
-  const Cluster c = static_cpu_cluster(n, 12);
-  auto a = make_balancer(config("lbbsp-cpu:ema", n, 400));
-  auto batch = a->initial();
-  for (size_t t = 0; t < 6; ++t) batch = a->next(c.report(t, batch));
-  const std::string saved = a->save_state();
-  StateReader r(saved, "lbbsp-cpu/3");
-  StateWriter v2("lbbsp-cpu/2");
-  v2.str(r.str());
-  for (int k = 0; k < 3; ++k) v2.f64s(r.f64s());  // predicted, base speed, signal base
-  v2.i64s(r.i64s());                              // held split
-  std::vector<double> miss = r.f64s();            // EMA and its weight
-  const std::vector<double> recent = r.f64s();
-  ASSERT_FALSE(recent.empty());
-  miss.push_back(recent.back());  // format 2 kept the last report's misses only
-  v2.f64s(miss);
-  for (size_t i = 0; i < n; ++i) v2.str(r.str());
-  auto b = make_balancer(config("lbbsp-cpu:ema", n, 400));
-  ASSERT_NO_THROW(b->load_state(v2.text()));
-  EXPECT_EQ(b->predicted_speeds(), a->predicted_speeds());
-  auto batch_b = batch;
-  for (size_t t = 6; t < 12; ++t) {
-    batch_b = b->next(c.report(t, batch_b));
-    expect_valid(batch_b, 400, {}, n);
-  }
+  expect_older_state_loads([](StateReader& r, size_t n) {
+    StateWriter v2("lbbsp-cpu/2");
+    v2.str(r.str());
+    for (int k = 0; k < 3; ++k) v2.f64s(r.f64s());  // predicted, base speed, signal base
+    v2.i64s(r.i64s());                              // held split
+    std::vector<double> miss = r.f64s();            // EMA and its weight
+    const std::vector<double> recent = r.f64s();
+    EXPECT_FALSE(recent.empty());
+    miss.push_back(recent.empty() ? 0.0 : recent.back());  // format 2 kept the last report's misses only
+    v2.f64s(miss);
+    for (size_t i = 0; i < n; ++i) v2.str(r.str());
+    return v2.text();
+  });
 }
 
 // Predictions that miss wildly for the first 3 steps (while the predictors know nothing: here the workers'
