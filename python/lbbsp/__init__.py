@@ -206,7 +206,14 @@ class Balancer:
         cap = _EMPTY_I64 if mem_cap is None else _int_array(mem_cap, "mem_cap", n)
         c = _EMPTY_F64 if capacity is None else _float_array(capacity, "capacity", (n,))
         cn = _EMPTY_F64 if capacity_next is None else _float_array(capacity_next, "capacity_next", (n,))
-        out = self._impl.next(self._iteration, b, t, x, xn, cap, c, cn)
+        return self._next_checked(b, t, x, xn, cap, c, cn)
+
+    def _next_checked(self, batch: np.ndarray, compute_s: np.ndarray, exo: np.ndarray, exo_next: np.ndarray,
+                      mem_cap: np.ndarray, capacity: np.ndarray = _EMPTY_F64,
+                      capacity_next: np.ndarray = _EMPTY_F64) -> np.ndarray:
+        """next() for arguments already checked by the caller (contiguous int64 / float64, exo raveled):
+        lbbsp.torch checks its reports where they are made, and next()'s checks cost ~60 us a step."""
+        out = self._impl.next(self._iteration, batch, compute_s, exo, exo_next, mem_cap, capacity, capacity_next)
         self._iteration += 1
         return np.asarray(out, dtype=np.int64)
 

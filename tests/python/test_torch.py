@@ -80,14 +80,14 @@ def fixed_metrics():
 # ---- exactness: DDP + SUM hook == one process on the same global batches ----
 
 
-def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True):
+def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, lag=0):
     init(rank, world, store)
     if not piggyback:  # the reports in the control group's all-gather, as for a large or half-precision bucket
         lbbsp.torch.exchange.ReportExchange.PIGGYBACK_MAX_BYTES = 0
     x, y = data()
     model = DDP(make_model())
     lb = LoadBalancer(model, dataset_size=N, global_batch=global_batch, balancer="random:5", seed=3,
-                      monitor=fixed_metrics)
+                      monitor=fixed_metrics, lag=lag)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sizes = []
     for g in range(steps):
@@ -101,7 +101,8 @@ def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True):
         lb.step()
     params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
     np.save(os.path.join(out, f"exact-{world}-{rank}.npy"), params)
-    paths = {"rides": lb._exchange.rides, "gathers": lb._exchange.gathers}  # which way the reports travelled
+    # Which way the reports travelled, and how many piggyback buffers that took (reused once read).
+    paths = {"rides": lb._exchange.rides, "gathers": lb._exchange.gathers, "buffers": lb._exchange.buffers_made}
     pickle.dump((sizes, paths), open(os.path.join(out, f"sizes-{world}-{rank}.pkl"), "wb"))
     finish()
 
@@ -168,16 +169,22 @@ def test_monitor_is_the_runtimes():
     assert 0 <= cpu <= 1 and 0 < mem <= 1 and load >= 0, (cpu, mem, load)
 
 
-@pytest.mark.parametrize("world, piggyback", [(2, True), (3, True), (4, True), (3, False)])
-def test_exact_against_one_process(tmp_path, world, piggyback):
+@pytest.mark.parametrize("world, piggyback, lag", [(2, True, 0), (3, True, 0), (4, True, 0), (3, False, 0),
+                                                   (3, True, 2)])
+def test_exact_against_one_process(tmp_path, world, piggyback, lag):
+    """Every rank's parameters equal one process's, the sizes agree; with lag 2 too (reports taken as they
+    arrive, the decision two steps ahead)."""
     steps, X = 20, 24  # 10 steps per epoch: two epochs
-    spawn(_exact_worker, world, tmp_path, steps, X, piggyback)
+    spawn(_exact_worker, world, tmp_path, steps, X, piggyback, lag)
     ref = one_process(steps, X)
     got = [pickle.load(open(tmp_path / f"sizes-{world}-{r}.pkl", "rb")) for r in range(world)]
     sizes, paths = [g[0] for g in got], [g[1] for g in got]
     # Every step's reports went the way asked: a silent fall-back to the all-gather would cost a collective.
     want = {"rides": steps, "gathers": 0} if piggyback else {"rides": 0, "gathers": steps}
-    assert all(p == want for p in paths), paths
+    assert all({k: p[k] for k in want} == want for p in paths), paths
+    # The piggyback buffer is reused, not made each step: one, and one more when DDP rebuilds its buckets after
+    # step 0 (with DDP a ride has arrived when backward() returns, so step() reads it and frees its buffer).
+    assert all(p["buffers"] <= (2 if piggyback else 0) for p in paths), paths
     assert all(s == sizes[0] for s in sizes), "ranks disagree on the batch sizes"
     flat = np.array(sizes[0])
     assert (flat.sum(axis=1) == X).all()

@@ -96,6 +96,7 @@ class LoadBalancer:
                                    predictor=predictor, seed=self.seed, min_batch=min_batch, num_exo=EXO,
                                    capacity_exo=lbbsp.RANK_CAPACITY_EXO)
         self._balancer = lbbsp.Balancer(**self._balancer_args)
+        self._no_cap = np.full(self.world_size, np.iinfo(np.int64).max, dtype=np.int64)  # mem_cap: none
         self._exchange = ReportExchange(self._ranks, self.rank, self.timeout_s)
         self.steps_per_epoch = lbbsp.steps_per_epoch(self.dataset_size, self.global_batch)
         self._sizes: Dict[int, np.ndarray] = {k: self._balancer.initial() for k in range(self.lag + 1)}
@@ -332,23 +333,19 @@ class LoadBalancer:
             ready.record(torch.cuda.current_stream(self._device))
         sends = last and not self._cuda and not self._exchange.launched(k)
         if sends and self._exchange.can_piggyback(tensor):  # the report rides in this allreduce
-            combined = self._exchange.piggyback(self._report(k, ready_s), tensor)
+            combined, gradients = self._exchange.piggyback(self._report(k, ready_s), tensor)
             work = dist.all_reduce(combined, group=group, async_op=True)
-            self._exchange.ride(k, work, combined)
-
-            def gradients(f: torch.futures.Future) -> torch.Tensor:
-                f.value()  # raises what the allreduce raised (a peer gone, a timeout)
-                return combined[:tensor.numel()].view_as(tensor)
-            fut = work.get_future().then(gradients)
         else:
-            fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-            fut = fut.then(lambda f: f.value()[0])
+            work = dist.all_reduce(tensor, group=group, async_op=True)
+            gradients = None
             if sends:
                 self._send_report(k, ready_s)
+        # One callback per bucket: each costs the gloo thread a turn at the GIL.
         if not last:
-            return fut
+            return work.get_future().then(lambda f: f.value()[0])
 
         def done(f: torch.futures.Future) -> torch.Tensor:
+            value = f.value()  # raises what the allreduce raised (a peer gone, a timeout)
             if self._cuda:
                 end = torch.cuda.Event(enable_timing=True)
                 end.record(torch.cuda.current_stream(self._device))
@@ -357,8 +354,11 @@ class LoadBalancer:
                 self._restart_clock()  # step k+1's window opens as the barrier is left
             else:
                 self._wait_s += time.perf_counter() - ready_s  # a second backward in one step
-            return f.value()
-        return fut.then(done)
+            return value[0] if gradients is None else gradients
+        fut = work.get_future().then(done)
+        if gradients is not None:
+            self._exchange.ride(k, work, combined, fut)
+        return fut
 
     def _window_s(self, now: float) -> float:
         """This step's time so far: since the window opened, less the waits and the untimed() blocks. On CUDA
@@ -389,7 +389,7 @@ class LoadBalancer:
         """Launches step k's report in the control group's all-gather."""
         self._exchange.launch(k, self._report(k, now))
 
-    def _report(self, k: int, now: float) -> torch.Tensor:
+    def _report(self, k: int, now: float) -> np.ndarray:
         """Step k's report; an error building it (the monitor raising) travels as the status flag."""
         n = float(self._sizes[k][self.rank])
         self._report_error = None
@@ -405,7 +405,7 @@ class LoadBalancer:
         except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
             self._report_error = e
             report = [n] + [0.0] * (REPORT - 3) + [1.0, checksum(self._sizes[k])]
-        return torch.tensor(report, dtype=torch.float64)
+        return np.array(report, dtype=np.float64)
 
     # ---- the exchange: every rank decides from the same reports ----
 
@@ -447,25 +447,30 @@ class LoadBalancer:
             self._decided = j
 
     def _apply(self, j: int, reports: np.ndarray) -> None:
-        """Checks step j's reports (every rank sees the same, so every rank raises alike) and decides j+lag+1."""
-        failed = np.flatnonzero(reports[:, STATUS] != 0).tolist()
-        if failed:
+        """Checks step j's reports (every rank sees the same, so every rank raises alike) and decides j+lag+1.
+        Few NumPy calls: this runs every step, on every rank, where each costs microseconds."""
+        if reports[:, STATUS].any():
+            failed = np.flatnonzero(reports[:, STATUS]).tolist()
             self._exchange.fail(j, failed, self._report_error if self.rank == failed[0] else None)
-        problem = disagreement(j, reports[:, CHECKSUM])
-        batch = reports[:, 0].round().astype(np.int64)
-        if problem is None and not np.array_equal(batch, self._sizes[j]):
-            problem = (f"LoadBalancer: step {j}: the ranks report batches {batch.tolist()}, not the decided "
-                       f"{self._sizes[j].tolist()}")
-        if problem is not None:
-            raise RuntimeError(problem)
+        sums = reports[:, CHECKSUM]
+        if not (sums == sums[0]).all():
+            raise RuntimeError(disagreement(j, sums))
+        batch = reports[:, 0].astype(np.int64)  # whole numbers (float32 holds them to 2^24)
+        if not np.array_equal(batch, self._sizes[j]):
+            raise RuntimeError(f"LoadBalancer: step {j}: the ranks report batches {batch.tolist()}, not the "
+                               f"decided {self._sizes[j].tolist()}")
+        compute, exo, caps = reports[:, 1], reports[:, 2:2 + EXO], reports[:, 2 + EXO]
+        if not np.isfinite(reports).all() or (compute < 0).any():  # each rank checks its own; this is a guard
+            raise RuntimeError(f"LoadBalancer: step {j}: a report holds a negative or non-finite time or metric: "
+                               f"{reports.tolist()}")
+        mem_cap = self._no_cap  # 0 reported: no cap
+        if caps.any():
+            mem_cap = mem_cap.copy()
+            mem_cap[caps > 0] = caps[caps > 0]
         t = time.perf_counter()
-        caps = reports[:, 2 + EXO]
-        mem_cap = np.full(len(caps), np.iinfo(np.int64).max, dtype=np.int64)  # 0 reported: no cap
-        mem_cap[caps > 0] = caps[caps > 0].astype(np.int64)
-        exo = reports[:, 2:2 + EXO]
+        x = np.ascontiguousarray(exo).ravel()
         try:
-            decided = self._balancer.next(batch=batch, compute_s=reports[:, 1], exo=exo, exo_next=exo,
-                                          mem_cap=mem_cap)
+            decided = self._balancer._next_checked(batch, np.ascontiguousarray(compute), x, x, mem_cap)
         except Exception as e:  # noqa: BLE001 - the same on every rank: name the step
             raise RuntimeError(f"LoadBalancer: step {j}: deciding the sizes of step {j + self.lag + 1} failed "
                                f"on every rank: {type(e).__name__}: {e}") from e
