@@ -153,12 +153,15 @@ def assert_random5_equals_one_process(got, sizes, world=3, global_batch=24):
 def test_reports_riding_in_a_gradient_bucket_are_exact(dtype):
     """The report block appended to the last bucket: summed over 3 ranks it gives every report back exactly,
     the CRC-32 included (two 16-bit halves: float32 holds integers to 2^24)."""
-    from lbbsp.torch.exchange import CHECKSUM, REPORT, read_rows, report_rows
-    reports = torch.tensor([[r * 100 + k + 0.25 for k in range(REPORT)] for r in range(3)], dtype=torch.float64)
-    reports[:, CHECKSUM] = torch.tensor([0xFFFFFFFF, 0x80000001, 12345], dtype=torch.float64)
-    summed = sum(report_rows(3, r, reports[r], dtype) for r in range(3))
+    from lbbsp.torch.exchange import CHECKSUM, REPORT, read_rows, write_row
+    reports = np.array([[r * 100 + k + 0.25 for k in range(REPORT)] for r in range(3)])
+    reports[:, CHECKSUM] = [0xFFFFFFFF, 0x80000001, 12345]
+    blocks = [torch.full((3, REPORT + 1), 7.0, dtype=dtype) for _ in range(3)]  # stale values: write_row zeros them
+    for r, block in enumerate(blocks):
+        write_row(block.numpy(), r, reports[r])
+    summed = sum(blocks)
     assert summed.dtype == dtype
-    np.testing.assert_array_equal(read_rows(summed), reports.numpy())
+    np.testing.assert_array_equal(read_rows(summed), reports)
 
 
 def test_monitor_is_the_runtimes():

@@ -36,15 +36,8 @@ def write_row(rows: np.ndarray, rank: int, report: np.ndarray) -> None:
     rows[rank, CHECKSUM], rows[rank, CHECKSUM + 1] = crc >> 16, crc & 0xFFFF
 
 
-def report_rows(world: int, rank: int, report: Union[np.ndarray, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """A new world x (REPORT + 1) block of ``dtype`` filled by write_row."""
-    rows = torch.zeros(world, REPORT + 1, dtype=dtype)
-    write_row(rows.numpy(), rank, np.asarray(report, dtype=np.float64))
-    return rows
-
-
 def read_rows(rows: Union[np.ndarray, torch.Tensor]) -> np.ndarray:
-    """The world x REPORT float64 reports of a summed report_rows block."""
+    """The world x REPORT float64 reports of a block that write_row filled on each rank, summed over the ranks."""
     r = np.array(rows, dtype=np.float64)  # a copy: the block may be reused
     out = r[:, :REPORT]
     out[:, CHECKSUM] = r[:, CHECKSUM] * 65536 + r[:, CHECKSUM + 1]
