@@ -5,11 +5,14 @@
 # accuracy, efficiency against the modelled ideal (every rank busy: SLOPE x X / sum of capacities) and the
 # controller's own cost.
 #   scripts/torch_bench.sh [--python PY] [--lbbsp build/lbbsp] [--data data/fmnist.h5] [--iterations 300]
-#                          [--out results/torch-bench] [--dry-run]
+#                          [--out results/torch-bench] [--pairs 1] [--dry-run]
+# --pairs N: N runs each of DDP + lbbsp and its oracle per placement, alternated (the first N-1 extra after the
+#   main table's), and a table of lbbsp's ratio to its oracle pair by pair with the median: on a noisy machine one
+#   pair moves several %.
 # --dry-run: 2 ranks, 12 iterations, no accuracy target (checks that everything runs, measures nothing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=python3 LBBSP=build/lbbsp DATA=data/fmnist.h5 IT=700 OUT=results/torch-bench SLOPE=0.0003 X=512 DRY=0
+PY=python3 LBBSP=build/lbbsp DATA=data/fmnist.h5 IT=700 OUT=results/torch-bench SLOPE=0.0003 X=512 DRY=0 PAIRS=1
 while (($#)); do
   case $1 in
     --python) PY=$2; shift ;;
@@ -17,11 +20,14 @@ while (($#)); do
     --data) DATA=$2; shift ;;
     --iterations) IT=$2; shift ;;
     --out) OUT=$2; shift ;;
+    --pairs) PAIRS=$2; shift ;;
     --dry-run) DRY=1 ;;
     *) echo "torch_bench.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift
 done
+[[ $PAIRS =~ ^[1-9][0-9]*$ ]] ||
+  { echo "torch_bench.sh: --pairs must be a whole number >= 1, got '$PAIRS'" >&2; exit 2; }
 "$PY" -c "import lbbsp.torch" 2>/dev/null || { echo "torch_bench.sh: $PY cannot import lbbsp.torch (pip install . into its venv)" >&2; exit 1; }
 mkdir -p "$OUT"
 [[ $(id -u) -ne 0 ]] || export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -37,15 +43,24 @@ common=(--data "$DATA" --model mlp --global-batch $X --lr 0.2 --seed 1 --epochs 
 # placement with the batches read by a DataLoader with 2 workers: plain DDP and DDP + lbbsp for each.
 variants=("forward:--cost-at forward" "load:--cost-at load" "after-backward:--cost-at after-backward"
           "loader:--cost-at forward --workers 2")
+# DDP + lbbsp and its oracle (the best fixed split for the known capacities, the cost in the same place, the
+# same runtime) for one placement; $3 ends the JSON's name.
+lbbsp_and_oracle() {
+  local name=$1 args=$2 tag=$3
+  echo "== DDP + lbbsp, $name$tag"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --balancer lbbsp-cpu \
+    --predictor narx --straggle $caps --cost-slope $SLOPE $args --summary-json "$OUT/ddp-lbbsp-$name$tag.json" |
+    tail -1
+  echo "== DDP, oracle split, $name$tag"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --oracle \
+    --straggle $caps --cost-slope $SLOPE $args --summary-json "$OUT/ddp-oracle-$name$tag.json" | tail -1
+}
 for v in "${variants[@]}"; do
   name=${v%%:*} args=${v#*:}
   echo "== plain DDP, $name"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --plain-ddp --straggle $caps \
     --cost-slope $SLOPE $args --summary-json "$OUT/plain-ddp-$name.json" | tail -1
-  echo "== DDP + lbbsp, $name"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --balancer lbbsp-cpu \
-    --predictor narx --straggle $caps --cost-slope $SLOPE $args --summary-json "$OUT/ddp-lbbsp-$name.json" | tail -1
-  # its oracle: the best fixed split for the known capacities, the cost in the same place (the same runtime)
-  echo "== DDP, oracle split, $name"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --oracle \
-    --straggle $caps --cost-slope $SLOPE $args --summary-json "$OUT/ddp-oracle-$name.json" | tail -1
+  lbbsp_and_oracle "$name" "$args" ""
+done
+for ((pair = 2; pair <= PAIRS; pair++)); do
+  for v in "${variants[@]}"; do lbbsp_and_oracle "${v%%:*}" "${v#*:}" "-$pair"; done
 done
 for b in lbbsp-cpu oracle; do
   echo "== lbbsp train $b"
@@ -53,9 +68,10 @@ for b in lbbsp-cpu oracle; do
     --lr-schedule constant --straggle "static:$caps;gpu=0:0:$SLOPE:1000000" --summary-json "$OUT/lbbsp-$b.json" \
     --quiet >/dev/null
 done
-"$PY" - "$OUT" $SLOPE $X $caps <<'PY'
-import json, sys
+"$PY" - "$OUT" $SLOPE $X $caps $PAIRS <<'PY'
+import json, statistics, sys
 out, slope, X, caps = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), [float(c) for c in sys.argv[4].split(",")]
+pairs = int(sys.argv[5])
 def modelled(r):
     """The cost model's slowest rank (samples / capacity), mean over the run's steps: the split's quality alone,
     free of the machine's noise (None where the run kept no batch sizes)."""
@@ -85,4 +101,12 @@ for name in ("forward", "load", "after-backward", "loader"):
 lo = load("lbbsp-oracle")["mean_iteration_s"]
 row("lbbsp train lbbsp-cpu/narx", load("lbbsp-lbbsp-cpu"), 0, lo)
 row("lbbsp train oracle", load("lbbsp-oracle"), 0, lo)
+if pairs > 1:
+    print(f"\nDDP + lbbsp against its oracle, {pairs} alternated pairs (mean iteration of the oracle / of lbbsp):\n")
+    print("| placement | pair by pair | median |\n|---|---|---:|")
+    for name in ("forward", "load", "after-backward", "loader"):
+        tags = [""] + [f"-{p}" for p in range(2, pairs + 1)]
+        ratios = [load(f"ddp-oracle-{name}{t}")["mean_iteration_s"] / load(f"ddp-lbbsp-{name}{t}")["mean_iteration_s"]
+                  for t in tags]
+        print(f"| {name} | {', '.join('%.3f' % r for r in ratios)} | {statistics.median(ratios):.3f} |")
 PY
