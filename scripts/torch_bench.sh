@@ -104,8 +104,8 @@ row("lbbsp train oracle", load("lbbsp-oracle"), 0, lo)
 if pairs > 1:
     print(f"\nDDP + lbbsp against its oracle, {pairs} alternated pairs (mean iteration of the oracle / of lbbsp):\n")
     print("| placement | pair by pair | median |\n|---|---|---:|")
+    tags = [""] + [f"-{p}" for p in range(2, pairs + 1)]  # the first pair is the main table's
     for name in ("forward", "load", "after-backward", "loader"):
-        tags = [""] + [f"-{p}" for p in range(2, pairs + 1)]
         ratios = [load(f"ddp-oracle-{name}{t}")["mean_iteration_s"] / load(f"ddp-lbbsp-{name}{t}")["mean_iteration_s"]
                   for t in tags]
         print(f"| {name} | {', '.join('%.3f' % r for r in ratios)} | {statistics.median(ratios):.3f} |")

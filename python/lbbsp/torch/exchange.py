@@ -7,7 +7,7 @@ import datetime
 import time
 import weakref
 import zlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -77,6 +77,7 @@ def control_groups(ranks: List[int], timeout: datetime.timedelta) -> Tuple[dist.
     return mine
 
 
+_Future = torch.futures.Future
 _LIVE: "weakref.WeakSet[ReportExchange]" = weakref.WeakSet()
 
 
@@ -97,7 +98,7 @@ class ReportExchange:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.group, self.errors = control_groups(ranks, self.timeout)
         # step -> (its collective, the all-gather's outputs or (the piggyback buffer, the future DDP waits for))
-        self._flight: Dict[int, Tuple[dist.Work, Union[List[torch.Tensor], Tuple[torch.Tensor, Any]]]] = {}
+        self._flight: Dict[int, Tuple[dist.Work, Union[List[torch.Tensor], Tuple[torch.Tensor, _Future]]]] = {}
         # Taken collectives stay referenced a few steps: the gloo thread may still be finishing one after wait()
         # returned, and must not drop the last reference to its tensors (that needs the GIL).
         self._retired: collections.deque = collections.deque(maxlen=4)
@@ -105,8 +106,7 @@ class ReportExchange:
         self.broken = False  # a collective failed: reports still in flight will not arrive
         self.rides = self.gathers = 0  # steps whose reports rode in a gradient bucket / took the all-gather
         self.buffers_made = 0
-        # Piggyback buffers not in flight: (a buffer, its NumPy view).
-        self._spare: List[Tuple[torch.Tensor, np.ndarray]] = []
+        self._spare: List[torch.Tensor] = []  # piggyback buffers not in flight
         _LIVE.add(self)
 
     def launch(self, step: int, report: np.ndarray) -> None:
@@ -132,17 +132,15 @@ class ReportExchange:
         page faults, 356 us a step for a 0.8 MB bucket against 126-153 us now (2 ranks, caches cold)."""
         n = bucket.numel()
         size = n + self.world * (REPORT + 1)
-        if self._spare and (self._spare[0][0].numel(), self._spare[0][0].dtype) != (size, bucket.dtype):
+        if self._spare and (self._spare[0].numel(), self._spare[0].dtype) != (size, bucket.dtype):
             self._spare.clear()  # DDP rebuilt its buckets: another size
-        buffer, view = self._spare.pop() if self._spare else self._new_buffer(size, bucket.dtype)
+        if not self._spare:
+            self._spare.append(torch.empty(size, dtype=bucket.dtype))
+            self.buffers_made += 1
+        buffer = self._spare.pop()
         buffer[:n].copy_(bucket.reshape(-1))
-        write_row(view[n:].reshape(self.world, REPORT + 1), self.rank, report)
+        write_row(buffer.numpy()[n:].reshape(self.world, REPORT + 1), self.rank, report)
         return buffer, buffer[:n].view_as(bucket)
-
-    def _new_buffer(self, size: int, dtype: torch.dtype) -> Tuple[torch.Tensor, np.ndarray]:
-        self.buffers_made += 1
-        buffer = torch.empty(size, dtype=dtype)
-        return buffer, buffer.numpy()
 
     def ride(self, step: int, work: dist.Work, buffer: torch.Tensor, done: torch.futures.Future) -> None:
         """The step's reports travel in ``buffer``'s allreduce; ``done`` is the future DDP waits for (the
@@ -176,9 +174,8 @@ class ReportExchange:
         if isinstance(out, list):
             return torch.stack(out).numpy()
         buffer = out[0]
-        view = buffer.numpy()
-        reports = read_rows(view[-self.world * (REPORT + 1):].reshape(self.world, REPORT + 1))
-        self._spare.append((buffer, view))  # read: free for a later step's piggyback
+        reports = read_rows(buffer.numpy()[-self.world * (REPORT + 1):].reshape(self.world, REPORT + 1))
+        self._spare.append(buffer)  # read: free for a later step's piggyback
         return reports
 
     def drain(self, quiet: bool = False) -> None:
