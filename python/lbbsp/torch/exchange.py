@@ -198,9 +198,10 @@ class ReportExchange:
             dist.broadcast_object_list(message, src=self.ranks[src], group=self.errors)
         except RuntimeError as e:
             message = [f"(its message did not arrive: {str(e).splitlines()[0]})"]
-        who = f"rank {src}" if len(failed) == 1 else f"ranks {', '.join(map(str, failed))}"
+        who = (f"rank {src} failed in its report" if len(failed) == 1
+               else f"ranks {', '.join(map(str, failed))} failed in their reports")
         where = "" if self.rank == src else f" (this is rank {self.rank}; see rank {src}'s log for the traceback)"
-        raise RuntimeError(f"LoadBalancer: step {step}: {who} failed in its report: rank {src}: {message[0]}"
+        raise RuntimeError(f"LoadBalancer: step {step}: {who}: rank {src}: {message[0]}"
                            f"{where}") from error
 
     def missing_ranks(self, step: int) -> str:

@@ -1,0 +1,237 @@
+"""lbbsp.torch's CUDA path (the allreduce's wait from CUDA events, the memory cap, the model's device, the user's
+peak-memory statistics left alone), run two ways by the same workers:
+- "fake", on any machine: torch.cuda replaced in each rank by FakeCuda (events on the host clock, memory figures
+  that follow the batch, the device of every call kept) and the controller told that its model lives on cuda:1
+  while cuda:0 is current, so every line of the CUDA path runs here and every device it is handed is checked;
+- "cuda", on a real GPU: gloo ranks sharing the device(s), each rank's per-sample work a GPU kernel queued
+  asynchronously; skipped where torch sees no GPU (scripts/device_check.sh runs them on a lent GPU machine).
+The memory cap is checked with FakeCuda only: a real device has far more memory than a test can make scarce."""
+
+import os
+
+# torch.cuda.is_available() without initialising CUDA in this process: the ranks are forked from it and each
+# initialises CUDA itself, which a forked child cannot do after its parent did.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
+import pickle  # noqa: E402
+import time  # noqa: E402
+import types  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from test_torch import CLASSES, DIM, data, finish, init, make_model, one_process, spawn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from lbbsp.torch import LoadBalancer  # noqa: E402
+from lbbsp.torch.controller import cuda_cap  # noqa: E402
+
+# LBBSP_REQUIRE_CUDA=1 (scripts/device_check.sh on a GPU machine): the "cuda" runs fail rather than skip there.
+HAS_CUDA = torch.cuda.is_available() or os.environ.get("LBBSP_REQUIRE_CUDA") == "1"
+MODES = [pytest.param("fake", id="fake"),
+         pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(
+             not HAS_CUDA, reason="no CUDA device: scripts/device_check.sh runs these on a GPU machine"))]
+
+
+class _HostEvent:
+    def __init__(self, fake):
+        self.fake, self.t = fake, None
+
+    def record(self, stream=None):
+        self.fake.saw(getattr(stream, "device", None))
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+class FakeCuda:
+    """What the controller uses of torch.cuda, in one rank: events read the host clock; the device holds RESTING
+    bytes between steps, PER_SAMPLE more a sample at a step's peak (``step(n)``), CACHED unused in the caching
+    allocator, and has ``free`` bytes free; resetting the peak statistics fails the test; every device the
+    controller names is kept in ``devices``."""
+    RESTING, PER_SAMPLE, CACHED = 1 << 20, 1000, 2000
+    NAMES = ("Event", "current_stream", "synchronize", "max_memory_allocated", "memory_allocated",
+             "memory_reserved", "mem_get_info", "reset_peak_memory_stats", "reset_max_memory_allocated")
+
+    def __init__(self, free):
+        self.free, self.peak, self.devices = free, self.RESTING, []
+
+    def install(self):
+        for name in self.NAMES:
+            setattr(torch.cuda, name, getattr(self, name))
+        return self
+
+    def saw(self, device):
+        self.devices.append(device)
+
+    def step(self, n):
+        self.peak = max(self.peak, self.RESTING + self.PER_SAMPLE * n)
+
+    def Event(self, enable_timing=False):
+        return _HostEvent(self)
+
+    def current_stream(self, device=None):
+        self.saw(device)
+        return types.SimpleNamespace(device=device)
+
+    def synchronize(self, device=None):
+        self.saw(device)
+
+    def max_memory_allocated(self, device=None):
+        self.saw(device)
+        return self.peak
+
+    def memory_allocated(self, device=None):
+        self.saw(device)
+        return self.RESTING
+
+    def memory_reserved(self, device=None):
+        self.saw(device)
+        return self.RESTING + self.CACHED
+
+    def mem_get_info(self, device=None):
+        self.saw(device)
+        return self.free, 1 << 40
+
+    def reset_peak_memory_stats(self, device=None):
+        raise AssertionError("lbbsp.torch reset the user's peak-memory statistics")
+
+    reset_max_memory_allocated = reset_peak_memory_stats
+
+
+def _no_reset(*args, **kwargs):
+    raise AssertionError("lbbsp.torch reset the user's peak-memory statistics")
+
+
+class _Rank:
+    """Where a rank computes (``device``), the device its model claims (``model_device``), and its per-sample work
+    (``work(n, seconds)``): with FakeCuda the CPU, a claimed cuda:1 and a sleep; on a GPU the model's device (cuda:1
+    where there are two, while cuda:0 stays current) and a kernel spinning that long, queued without waiting."""
+
+    def __init__(self, mode, rank, free=1 << 40):
+        if mode == "fake":
+            self.fake = FakeCuda(free).install()
+            self.device, self.model_device = torch.device("cpu"), torch.device("cuda", 1)
+            self.peak0 = None
+            return
+        self.fake = None
+        torch.cuda.reset_peak_memory_stats = torch.cuda.reset_max_memory_allocated = _no_reset
+        self.device = self.model_device = torch.device("cuda", (rank + 1) % torch.cuda.device_count())
+        with torch.cuda.device(self.device):  # a peak of the user's own before training, which must stay
+            scratch = torch.empty(64 << 20, dtype=torch.uint8, device=self.device)
+            del scratch
+            self.peak0 = torch.cuda.max_memory_allocated(self.device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(10 ** 7)
+            end.record()
+            end.synchronize()
+            self.cycles_per_s = 10 ** 7 / (start.elapsed_time(end) / 1e3)
+
+    def balancer(self, model, **kw):
+        lb = LoadBalancer(model, monitor=lambda: [1.0, 0.5, 0.0], **kw)
+        if self.fake is not None:
+            assert hasattr(lb, "_cuda") and hasattr(lb, "_device"), "the controller's CUDA switch was renamed"
+            lb._cuda, lb._device = True, self.model_device
+        assert lb._cuda and lb._device == self.model_device, (lb._cuda, lb._device)
+        return lb
+
+    def work(self, n, seconds):
+        if self.fake is not None:
+            self.fake.step(n)
+            time.sleep(seconds)
+        elif seconds > 0:
+            with torch.cuda.device(self.device):
+                torch.cuda._sleep(int(seconds * self.cycles_per_s))
+
+    def checks(self, lb):
+        """What every run checks on its rank: the devices named, the user's peak kept, the cap's figures."""
+        out = {"bytes_per_sample": lb._bytes_per_sample, "cap": lb._mem_cap(), "measured_s": lb._measured_s}
+        if self.fake is not None:
+            out["devices"] = sorted({str(d) for d in self.fake.devices})
+        else:
+            out["peak_kept"] = torch.cuda.max_memory_allocated(self.device) >= self.peak0
+        return out
+
+
+def _cuda_worker(rank, world, store, out, mode, what):
+    init(rank, world, store)
+    if what == "exact":  # random:5 sizes (0-sample ranks among them), float64: equal to one process
+        here, X, steps, kw = _Rank(mode, rank), 24, 20, dict(balancer="random:5", seed=3)
+        x, y = data()
+        cost = [0.0] * world
+    elif what == "slow":  # the last rank 5x slower a sample, its work queued on the device
+        here, X, steps, kw = _Rank(mode, rank), 64, 25, dict(balancer="lbbsp-cpu", predictor="ema", seed=1)
+        g = np.random.default_rng(1)
+        x, y = torch.from_numpy(g.normal(size=(64 * 25, DIM))), torch.from_numpy(g.integers(0, CLASSES, 64 * 25))
+        cost = [3e-4] * (world - 1) + [1.5e-3]
+    else:  # "cap": rank 1 has room for 6 samples free plus 2 cached: (6000 + 2000) / 1000 = 8
+        here = _Rank(mode, rank, free=6 * FakeCuda.PER_SAMPLE if rank == 1 else 1 << 40)
+        X, steps, kw = 48, 10, dict(balancer="lbbsp-gpu-model", seed=1)
+        x, y = data()
+        cost = [0.0] * world
+    x, y = x.to(here.device), y.to(here.device)
+    net = make_model().to(here.device)
+    model = DDP(net, device_ids=[here.device.index] if here.device.type == "cuda" else None)
+    lb = here.balancer(model, dataset_size=len(x), global_batch=X, **kw)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sizes = []
+    for g in range(steps):
+        idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch))).to(here.device)
+        sizes.append(lb.batch_sizes.tolist())
+        here.work(len(idx), len(idx) * cost[rank])
+        loss = lb.scale(F.cross_entropy(model(x[idx]), y[idx], reduction="sum"), reduction="sum")
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    params = torch.cat([p.detach().flatten() for p in net.parameters()]).cpu().numpy()
+    result = dict(sizes=sizes, params=params, **here.checks(lb))
+    pickle.dump(result, open(os.path.join(out, f"cuda-{what}-{rank}.pkl"), "wb"))
+    finish()
+
+
+def run(tmp_path, mode, what, world):
+    spawn(_cuda_worker, world, tmp_path, mode, what)
+    got = [pickle.load(open(tmp_path / f"cuda-{what}-{r}.pkl", "rb")) for r in range(world)]
+    assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
+    for r, g in enumerate(got):
+        if mode == "fake":  # every call named the model's device (cuda:1), not the current one or none
+            assert g["devices"] == ["cuda:1"], (r, g["devices"])
+        else:
+            assert g["peak_kept"], f"rank {r}: the process's peak-memory statistics were reset"
+        assert g["bytes_per_sample"] > 0 and np.isfinite(g["measured_s"]) and g["measured_s"] >= 0, (r, g)
+    return got, np.array(got[0]["sizes"])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cuda_path_is_exact_and_keeps_the_users_statistics(tmp_path, mode):
+    got, sizes = run(tmp_path, mode, "exact", 3)
+    assert (sizes.sum(axis=1) == 24).all() and (sizes == 0).any(), sizes
+    ref = one_process(20, 24)
+    for r, g in enumerate(got):
+        rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
+        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
+        assert g["cap"] >= sizes.max(), (r, g["cap"])  # memory to spare: no cap below what ran
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cuda_rank_slowed_on_the_device_gets_fewer_samples(tmp_path, mode):
+    """The work a rank queues on its device counts (the step is timed to the device's end), and the others'
+    wait for it in the allreduce does not (CUDA events): else all would look alike and keep an equal split."""
+    _, sizes = run(tmp_path, mode, "slow", 3)
+    last = sizes[-1]
+    assert last.sum() == 64
+    assert last[2] < 0.5 * min(last[0], last[1]), sizes[-5:]
+
+
+def test_cuda_memory_cap_bounds_the_batch(tmp_path):
+    """The cap from the allocator's figures: (free + cached) / bytes per sample at the peak = 8 on rank 1, which
+    then never gets more than 8 of the 48 samples."""
+    got, sizes = run(tmp_path, "fake", "cap", 2)
+    assert got[1]["cap"] == cuda_cap(6 * FakeCuda.PER_SAMPLE, FakeCuda.CACHED, FakeCuda.PER_SAMPLE) == 8
+    assert got[0]["cap"] > 48, got[0]["cap"]
+    assert sizes[0].tolist() == [24, 24], sizes[0]  # before any report: the equal split
+    assert (sizes.sum(axis=1) == 48).all() and (sizes[1:, 1] <= 8).all(), sizes
