@@ -8,7 +8,8 @@
 #   3. interference  ranks pinned to their own cores, 100% stress-ng co-tenants pinned on some of them, on/off every
 #                 PERIOD s: BSP vs lbbsp-cpu/narx vs oracle (+ BSP without co-tenants), each run's telemetry
 #                 (--log-dir) scored by `lbbsp predict-eval` (NARX vs ARIMA, EMA, last)
-#   4. torch      scripts/torch_bench* when it exists (status "not present" otherwise)
+#   4. torch      lbbsp.torch's CUDA tests (tests/python/test_torch_cuda.py, on the GPU) and scripts/torch_bench.sh
+#                 (status "not present" where python3 cannot import lbbsp.torch: the bundle carries a wheel)
 #   5. kernels    test_models_kernels and bench_models' train steps (MLP, CNN) at 1 2 4 8 16 threads, one core each:
 #                 the AVX-512 build (bundle bin/x86-64-v4/) when the CPU has AVX-512, else the bundle's portable one
 #   6. telemetry  bench/telemetry_overhead.sh: 4 ranks x 120,000 iterations with and without --log-dir/--timeline
@@ -114,6 +115,15 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # GNU nproc honours OMP_NUM_THREADS
 python=""
 for p in python3 /usr/bin/python3; do command -v "$p" >/dev/null && python=$p && break; done
+# The bundle's lbbsp wheel (scripts/gpu_bundle.sh) for the torch step, installed beside the image's PyTorch.
+if [[ -n $bundle && -n $python ]] && ls "$bundle"/wheels/lbbsp-*.whl >/dev/null 2>&1; then
+  if "$python" -m pip install -q --no-index --no-deps --target /tmp/lbbsp-site "$bundle"/wheels/lbbsp-*.whl \
+    >"$out/wheel.log" 2>&1; then
+    export PYTHONPATH=/tmp/lbbsp-site${PYTHONPATH:+:$PYTHONPATH}
+  else
+    log "wheel: $python cannot install the bundle's lbbsp wheel ($(tail -n 1 "$out/wheel.log"))"
+  fi
+fi
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -239,6 +249,11 @@ if wanted torch; then
   elif ! "$torch_py" -c "import lbbsp.torch" 2>/dev/null; then
     status torch "not present" 0 "$torch_py cannot import lbbsp.torch (pip install . into a venv with torch; LBBSP_TORCH_PYTHON=PY)"
   else
+    # lbbsp.torch's CUDA path: the stand-in runs everywhere, the real device's runs must not skip where one is.
+    has_gpu=0
+    command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && has_gpu=1
+    run_step torch_cuda 120 env LBBSP_REQUIRE_CUDA=$has_gpu "$torch_py" -m pytest -q -rs -p no:cacheprovider \
+      tests/python/test_torch_cuda.py
     torch_args=(--python "$torch_py" --lbbsp "$lbbsp" --out "$out/torch")
     ((dry)) && torch_args+=(--dry-run)
     run_step torch 120 "$torch_bench" "${torch_args[@]}"

@@ -3,7 +3,8 @@
 # no network to install our Debian packages there (Open MPI, HDF5, hwloc, OpenBLAS), only a CUDA image.
 #   scripts/gpu_bundle.sh BUILD_DIR BUNDLE_DIR [V4_BUILD_DIR]
 # BUNDLE_DIR/bin holds lbbsp, test_gpu_models, bench_gpu, bench_models and test_models_kernels (and stress-ng, for the co-tenants of
-# scripts/device_check.sh, when it is installed here); BUNDLE_DIR/root mirrors, at their absolute paths, every
+# scripts/device_check.sh, when it is installed here); BUNDLE_DIR/wheels the Python package for python3.12;
+# BUNDLE_DIR/root mirrors, at their absolute paths, every
 # shared library they need (and Open MPI's launcher, plugins and help files), except glibc, libstdc++/libgcc and the
 # CUDA libraries, which the GPU machine's own image provides (same CUDA major version: check `nvcc --version` on both).
 # BUNDLE_DIR.tar.xz packs the folder. On the GPU machine, `scripts/gpu_check.sh --bundle BUNDLE_DIR[.tar.xz]` copies root/ onto / without overwriting anything
@@ -35,6 +36,23 @@ if [[ -n $v4 ]]; then
   mkdir -p "$bundle/bin/x86-64-v4" && cp "${v4_bins[@]}" "$bundle/bin/x86-64-v4/"
   bins+=("${v4_bins[@]}")  # their libraries travel too
 fi
+# The Python package for the GPU machine's python3 (3.12 in its image; LBBSP_BUNDLE_PYTHON=PY for another): a
+# portable wheel in BUNDLE_DIR/wheels, for lbbsp.torch's CUDA tests and benchmark (device_check.sh's torch step).
+bundle_py=${LBBSP_BUNDLE_PYTHON:-}
+if [[ -z $bundle_py ]]; then
+  for c in python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+    "$c" -c 'import sys' 2>/dev/null && bundle_py=$c && break
+  done
+fi
+wheel_libs=()
+if [[ -z $bundle_py ]]; then
+  echo "gpu_bundle: warning: no python3.12 here (LBBSP_BUNDLE_PYTHON=PY): the bundle has no lbbsp wheel" >&2
+else
+  "$bundle_py" -m pip wheel -q --no-deps -w "$bundle/wheels" "$(dirname "$0")/.." ||
+    { echo "gpu_bundle: building the lbbsp wheel with $bundle_py failed" >&2; exit 1; }
+  "$bundle_py" -m zipfile -e "$(ls "$bundle"/wheels/lbbsp-*.whl)" "$bundle/wheels/so"
+  mapfile -t wheel_libs < <(find "$bundle/wheels/so" -name '*.so')  # its libraries (libgomp) travel too
+fi
 tools=()  # optional programs that travel with their libraries
 command -v stress-ng >/dev/null && tools+=("$(command -v stress-ng)") && cp "${tools[@]}" "$bundle/bin/"
 ((${#tools[@]})) || echo "gpu_bundle: warning: no stress-ng here (apt-get install stress-ng): the bundle has none" >&2
@@ -53,7 +71,7 @@ done
 
 # Every shared library those programs and plugins load, by the name the loader asks for (symlinks resolved).
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libmvec|libpthread|libdl\.so|librt\.so|libutil|libresolv|libstdc\+\+|libgcc_s|libcuda\.so|libcudart|libcublas|libnvidia)'
-objects=("${bins[@]}" "${tools[@]}" /usr/bin/orterun /usr/bin/orted /usr/bin/ompi_info)
+objects=("${bins[@]}" "${tools[@]}" "${wheel_libs[@]}" /usr/bin/orterun /usr/bin/orted /usr/bin/ompi_info)
 mapfile -t plugins < <(find /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 -name '*.so' -type f)
 objects+=("${plugins[@]}")
 missing=()
@@ -66,6 +84,7 @@ done < <(for o in "${objects[@]}"; do ldd "$o" 2>/dev/null; done | awk '$2 == "=
 # Plugins of optional transports (e.g. a PSM/UCX library absent here) may miss libraries; Open MPI skips them.
 ((${#missing[@]})) && echo "gpu_bundle: not found here (their plugins will be skipped): ${missing[*]}" >&2
 find "$root" -name '*.a' -delete  # static archives of the copied folders: nothing loads them
+rm -rf "$bundle/wheels/so"
 # One compressed file to carry to the GPU machine (the folder is ~90 MB, most of it OpenBLAS's kernels).
 tar -C "$(dirname "$bundle")" -cJf "$bundle.tar.xz" "$(basename "$bundle")"
 echo "gpu_bundle: $bundle ($(du -sh "$bundle" | cut -f1), $(find "$root" -type f | wc -l) files under root/)" \

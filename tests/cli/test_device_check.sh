@@ -20,9 +20,15 @@ steps=$(awk -F'\t' 'NR > 1 {print $1}' "$out/status.tsv" | tr '\n' ' ')
 # The dry run times the kernels on 1 and 2 threads, as many of them as the cores it may use (one under taskset).
 kernel_steps="kernels_threads_1 "
 (($(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) >= 2)) && kernel_steps+="kernels_threads_2 "
+# The torch step: lbbsp.torch's CUDA tests, then the benchmark, where the python can import lbbsp.torch.
+has_torch=0
+compgen -G "$ROOT/scripts/torch_bench*" >/dev/null && ${LBBSP_TORCH_PYTHON:-python3} -c "import lbbsp.torch" 2>/dev/null &&
+  has_torch=1
+torch_steps="torch"
+((has_torch)) && torch_steps="torch_cuda torch"
 want="gpu data_synth scaling_mlp_bsp scaling_mlp_lbbsp-cpu scaling_cnn_bsp scaling_cnn_lbbsp-cpu \
 interference_pinned-bsp-p0.5-s1 interference_pinned-narx-p0.5-s1 interference_pinned-oracle-p0.5-s1 \
-interference_quiet-bsp-p0-s1 torch kernels_tests ${kernel_steps}telemetry "
+interference_quiet-bsp-p0-s1 $torch_steps kernels_tests ${kernel_steps}telemetry "
 [[ $steps == "$want" ]] || fail "steps in status.tsv: '$steps', expected '$want'"
 st() { awk -F'\t' -v s="$1" '$1 == s {print $2}' "$out/status.tsv"; }
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
@@ -30,7 +36,7 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
 else
   [[ $(st gpu) == "no GPU" ]] || fail "gpu step without a GPU: '$(st gpu)', expected 'no GPU'"
 fi
-if compgen -G "$ROOT/scripts/torch_bench*" >/dev/null && ${LBBSP_TORCH_PYTHON:-python3} -c "import lbbsp.torch" 2>/dev/null; then
+if ((has_torch)); then
   [[ $(st torch) == ok ]] || fail "torch step: '$(st torch)'"
 else
   [[ $(st torch) == "not present" ]] || fail "torch step: '$(st torch)', expected 'not present'"

@@ -117,6 +117,8 @@ class _Rank:
             self.peak0 = None
             return
         self.fake = None
+        if not torch.cuda.is_available():
+            raise RuntimeError("LBBSP_REQUIRE_CUDA=1, but torch sees no CUDA device")
         torch.cuda.reset_peak_memory_stats = torch.cuda.reset_max_memory_allocated = _no_reset
         self.device = self.model_device = torch.device("cuda", (rank + 1) % torch.cuda.device_count())
         with torch.cuda.device(self.device):  # a peak of the user's own before training, which must stay
