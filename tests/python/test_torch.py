@@ -62,15 +62,16 @@ def finish():
     os._exit(0)
 
 
-def spawn(fn, world, tmp_path, *args):
+def spawn(fn, world, tmp_path, *args, start_method="fork"):
     """Runs fn(rank, world, store, out, *args) in `world` forked processes. Forked, not spawned: a spawned rank
     imports torch again and, on PyTorch 2.x, DDP's constructor imports torch._dynamo (~2 s each); imported once
     at the top of this module, every rank starts at once. The ranks call torch.set_num_threads(1) first (init),
-    so they never enter the OpenMP pool this process may have used."""
+    so they never enter the OpenMP pool this process may have used. start_method="spawn" for ranks that use
+    CUDA (which a forked child cannot initialise where its parent has)."""
     store = tmp_path / f"store-{fn.__name__}-{world}-{next(_STORES)}"  # a fresh FileStore per spawn: workers
     # that end with os._exit leave theirs behind
     mp.start_processes(fn, args=(world, str(store), str(tmp_path), *args), nprocs=world, join=True,
-                       start_method="fork")
+                       start_method=start_method)
 
 
 def fixed_metrics():

@@ -9,8 +9,8 @@ The memory cap is checked with FakeCuda only: a real device has far more memory 
 
 import os
 
-# torch.cuda.is_available() without initialising CUDA in this process: the ranks are forked from it and each
-# initialises CUDA itself, which a forked child cannot do after its parent did.
+# torch.cuda.is_available() without initialising CUDA in this process: the other tests' ranks are forked from it
+# (the ranks that use CUDA are spawned).
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 import pickle  # noqa: E402
@@ -196,7 +196,7 @@ def _cuda_worker(rank, world, store, out, mode, what):
 
 
 def run(tmp_path, mode, what, world):
-    spawn(_cuda_worker, world, tmp_path, mode, what)
+    spawn(_cuda_worker, world, tmp_path, mode, what, start_method="spawn" if mode == "cuda" else "fork")
     got = [pickle.load(open(tmp_path / f"cuda-{what}-{r}.pkl", "rb")) for r in range(world)]
     assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
     for r, g in enumerate(got):
