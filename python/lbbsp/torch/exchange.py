@@ -36,7 +36,7 @@ def write_row(rows: np.ndarray, rank: int, report: np.ndarray) -> None:
     rows[rank, CHECKSUM], rows[rank, CHECKSUM + 1] = crc >> 16, crc & 0xFFFF
 
 
-def read_rows(rows: Union[np.ndarray, torch.Tensor]) -> np.ndarray:
+def read_rows(rows: np.ndarray) -> np.ndarray:
     """The world x REPORT float64 reports of a block that write_row filled on each rank, summed over the ranks."""
     r = np.array(rows, dtype=np.float64)  # a copy: the block may be reused
     out = r[:, :REPORT]
