@@ -81,7 +81,7 @@ def fixed_metrics():
 # ---- exactness: DDP + SUM hook == one process on the same global batches ----
 
 
-def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, lag=0):
+def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, lag=0, compile_backend=None):
     init(rank, world, store)
     if not piggyback:  # the reports in the control group's all-gather, as for a large or half-precision bucket
         lbbsp.torch.exchange.ReportExchange.PIGGYBACK_MAX_BYTES = 0
@@ -89,13 +89,14 @@ def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, 
     model = DDP(make_model())
     lb = LoadBalancer(model, dataset_size=N, global_batch=global_batch, balancer="random:5", seed=3,
                       monitor=fixed_metrics, lag=lag)
+    forward = model if compile_backend is None else torch.compile(model, backend=compile_backend)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sizes = []
     for g in range(steps):
         epoch, step = divmod(g, lb.steps_per_epoch)
         idx = torch.from_numpy(lb.indices(epoch, step))
         sizes.append(lb.batch_sizes.tolist())
-        loss = lb.scale(F.cross_entropy(model(x[idx]), y[idx], reduction="sum"), reduction="sum")
+        loss = lb.scale(F.cross_entropy(forward(x[idx]), y[idx], reduction="sum"), reduction="sum")
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -104,6 +105,8 @@ def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, 
     np.save(os.path.join(out, f"exact-{world}-{rank}.npy"), params)
     # Which way the reports travelled, and how many piggyback buffers that took (reused once read).
     paths = {"rides": lb._exchange.rides, "gathers": lb._exchange.gathers, "buffers": lb._exchange.buffers_made}
+    if compile_backend is not None:  # frames dynamo compiled (else the model ran eagerly and proved nothing)
+        paths["compiled"] = torch._dynamo.utils.counters["frames"]["ok"]
     pickle.dump((sizes, paths), open(os.path.join(out, f"sizes-{world}-{rank}.pkl"), "wb"))
     finish()
 
@@ -195,6 +198,20 @@ def test_exact_against_one_process(tmp_path, world, piggyback, lag):
     assert (flat == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
     assert len({tuple(r) for r in flat.tolist()}) > 5, "the split hardly changed"
     assert_equal_to_one_process(ref, [tmp_path / f"exact-{world}-{r}.npy" for r in range(world)])
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile is PyTorch 2.x (python.torch2 runs this)")
+def test_compiled_model_is_exact(tmp_path):
+    """torch.compile over the DDP model (dynamo splits its graph at DDP's buckets; the batch size changes every
+    step): the hook still sees every bucket, the reports ride in the last one, every rank equals one process."""
+    steps, X = 20, 24
+    spawn(_exact_worker, 3, tmp_path, steps, X, True, 0, "aot_eager")
+    got = [pickle.load(open(tmp_path / f"sizes-3-{r}.pkl", "rb")) for r in range(3)]
+    assert all(g[1]["rides"] == steps and g[1]["gathers"] == 0 and g[1]["compiled"] > 0 for g in got), \
+        [g[1] for g in got]
+    assert all(g[0] == got[0][0] for g in got), "ranks disagree on the batch sizes"
+    assert len({tuple(r) for r in got[0][0]}) > 5, "the split hardly changed"
+    assert_equal_to_one_process(one_process(steps, X), [tmp_path / f"exact-3-{r}.npy" for r in range(3)])
 
 
 # ---- a slowed rank gets fewer samples ----
