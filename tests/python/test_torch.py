@@ -29,6 +29,7 @@ with contextlib.suppress(ImportError):  # PyTorch 2.x: DDP's constructor imports
     import torch._dynamo  # noqa: F401
 
 N, DIM, CLASSES = 240, 12, 4
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
 
 
 def data():
@@ -325,6 +326,12 @@ def _bad_args_worker(rank, world, store, out):
         "timeout_bool": dict(dataset_size=100, global_batch=10, timeout_s=True),
         "model": dict(dataset_size=100, global_batch=10, model=torch.nn.Linear(2, 2)),
     }
+    if TORCH2:  # FSDP on the CPU, both APIs where there are two (fully_shard: PyTorch 2.6 and later)
+        from torch.distributed import fsdp
+        cases["fsdp1"] = dict(dataset_size=100, global_batch=10, model=fsdp.FullyShardedDataParallel(
+            torch.nn.Linear(2, 2), device_id=torch.device("cpu")))
+        if hasattr(fsdp, "fully_shard"):
+            cases["fsdp2"] = dict(dataset_size=100, global_batch=10, model=fsdp.fully_shard(torch.nn.Linear(2, 2)))
     messages = {}
     for name, kw in cases.items():
         model = kw.pop("model", None)
@@ -356,6 +363,10 @@ def test_bad_arguments_raise_on_every_rank(tmp_path):
     # By default a long phase on one rank between steps may last as long as a PyTorch collective may wait.
     assert m0["default_timeout_s"] == dist.default_pg_timeout.total_seconds() == 1800.0
     assert "must be a DistributedDataParallel" in m0["model"]
+    assert "fsdp1" in m0 or not TORCH2
+    for fsdp in [k for k in m0 if k.startswith("fsdp")]:
+        assert m0[fsdp].startswith("TypeError: LoadBalancer: FSDP (FullyShardedDataParallel, fully_shard) is not "
+                                   "supported"), m0[fsdp]
     assert "past the epoch's 10 steps" in m0["step"]
 
 

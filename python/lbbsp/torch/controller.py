@@ -31,7 +31,8 @@ class LoadBalancer:
     Args:
         model: the ``DistributedDataParallel`` model (its gradients get the SUM hook, which also times the step's
             wait in the gradient allreduce; plain BatchNorm layers get a warning once sizes differ), or None to
-            register no hook (sum the gradients yourself; the step is then timed from step() to step()).
+            register no hook (sum the gradients yourself; the step is then timed from step() to step()). FSDP
+            models are refused (TypeError; docs/torch.md, FSDP).
         dataset_size: training samples n; an epoch is ``n // global_batch`` steps of the seeded permutation.
         global_batch: samples per step over all ranks (X).
         balancer, predictor, seed, min_batch: as for ``lbbsp train`` (``bsp``, ``static[:K]``, ``random:SEED``,
@@ -120,6 +121,11 @@ class LoadBalancer:
         # Seconds this rank spent in step() ("step_s"), blocked there waiting for reports ("wait_s") and
         # deciding ("decide_s", the same work on every rank).
         self.timing = {"step_s": 0.0, "wait_s": 0.0, "decide_s": 0.0}
+        if model is not None and {"FullyShardedDataParallel", "FSDPModule"} & {c.__name__ for c in type(model).__mro__}:
+            raise TypeError("LoadBalancer: FSDP (FullyShardedDataParallel, fully_shard) is not supported: its "
+                            "all-gathers in every layer make each rank wait for the others inside the step, so a "
+                            "rank's own time cannot be told from its waiting, and it averages the gradients where "
+                            "LB-BSP needs their sum. Use DistributedDataParallel")
         if model is not None and not hasattr(model, "register_comm_hook"):
             raise TypeError("LoadBalancer: model must be a DistributedDataParallel (or None to sum gradients "
                             f"yourself), got {type(model).__name__}")
