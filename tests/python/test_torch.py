@@ -177,8 +177,8 @@ def test_monitor_is_the_runtimes():
     assert 0 <= cpu <= 1 and 0 < mem <= 1 and load >= 0, (cpu, mem, load)
 
 
-@pytest.mark.parametrize("world, piggyback, lag", [(2, True, 0), (3, True, 0), (4, True, 0), (3, False, 0),
-                                                   (3, True, 2)])
+@pytest.mark.parametrize("world, piggyback, lag", [(2, True, 0), (3, True, 0), (4, True, 0), (16, True, 0),
+                                                   (3, False, 0), (3, True, 2)])
 def test_exact_against_one_process(tmp_path, world, piggyback, lag):
     """Every rank's parameters equal one process's, the sizes agree; with lag 2 too (reports taken as they
     arrive, the decision two steps ahead)."""
@@ -199,6 +199,14 @@ def test_exact_against_one_process(tmp_path, world, piggyback, lag):
     assert (flat == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
     assert len({tuple(r) for r in flat.tolist()}) > 5, "the split hardly changed"
     assert_equal_to_one_process(ref, [tmp_path / f"exact-{world}-{r}.npy" for r in range(world)])
+
+
+def test_one_rank_is_one_process(tmp_path):
+    """torchrun --nproc_per_node 1 (a first try, a debug run): the whole batch, the report riding, exact."""
+    spawn(_exact_worker, 1, tmp_path, 20, 24)
+    sizes, paths = pickle.load(open(tmp_path / "sizes-1-0.pkl", "rb"))
+    assert sizes == [[24]] * 20 and paths["rides"] == 20, (sizes, paths)
+    assert_equal_to_one_process(one_process(20, 24), [tmp_path / "exact-1-0.npy"])
 
 
 @pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile is PyTorch 2.x (python.torch2 runs this)")
