@@ -13,6 +13,7 @@ import os
 # (the ranks that use CUDA are spawned).
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
+import datetime  # noqa: E402
 import pickle  # noqa: E402
 import time  # noqa: E402
 import types  # noqa: E402
@@ -20,6 +21,7 @@ import types  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from test_torch import CLASSES, DIM, data, finish, init, make_model, one_process, spawn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
@@ -159,8 +161,13 @@ class _Rank:
 
 
 def _cuda_worker(rank, world, store, out, mode, what):
-    init(rank, world, store)
-    if what == "exact":  # random:5 sizes (0-sample ranks among them), float64: equal to one process
+    if what == "nccl":  # the backend GPU users run: one rank per device
+        torch.set_num_threads(1)
+        dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
+    else:
+        init(rank, world, store)
+    if what in ("exact", "nccl"):  # random:5 sizes (0-sample ranks among them), float64: equal to one process
         here, X, steps, kw = _Rank(mode, rank), 24, 20, dict(balancer="random:5", seed=3)
         x, y = data()
         cost = [0.0] * world
@@ -217,6 +224,19 @@ def test_cuda_path_is_exact_and_keeps_the_users_statistics(tmp_path, mode):
         rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
         assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
         assert g["cap"] >= sizes.max(), (r, g["cap"])  # memory to spare: no cap below what ran
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device: scripts/device_check.sh runs these on a GPU machine")
+def test_nccl_is_exact(tmp_path):
+    """NCCL for the gradients (the reports in gloo groups beside it), a rank per device, up to 3: equal to one
+    process (on one GPU a single rank, which checks the path and the exactness, not the balancing)."""
+    world = max(1, min(3, torch.cuda.device_count()))
+    got, sizes = run(tmp_path, "cuda", "nccl", world)
+    assert (sizes.sum(axis=1) == 24).all(), sizes
+    ref = one_process(20, 24)
+    for r, g in enumerate(got):
+        rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
+        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
 
 
 @pytest.mark.parametrize("mode", MODES)
