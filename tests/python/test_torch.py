@@ -82,12 +82,13 @@ def fixed_metrics():
 # ---- exactness: DDP + SUM hook == one process on the same global batches ----
 
 
-def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, lag=0, compile_backend=None):
+def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, lag=0, compile_backend=None,
+                  ddp_options=None):
     init(rank, world, store)
     if not piggyback:  # the reports in the control group's all-gather, as for a large or half-precision bucket
         lbbsp.torch.exchange.ReportExchange.PIGGYBACK_MAX_BYTES = 0
     x, y = data()
-    model = DDP(make_model())
+    model = DDP(make_model(), **(ddp_options or {}))
     lb = LoadBalancer(model, dataset_size=N, global_batch=global_batch, balancer="random:5", seed=3,
                       monitor=fixed_metrics, lag=lag)
     forward = model if compile_backend is None else torch.compile(model, backend=compile_backend)
@@ -199,6 +200,19 @@ def test_exact_against_one_process(tmp_path, world, piggyback, lag):
     assert (flat == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
     assert len({tuple(r) for r in flat.tolist()}) > 5, "the split hardly changed"
     assert_equal_to_one_process(ref, [tmp_path / f"exact-{world}-{r}.npy" for r in range(world)])
+
+
+@pytest.mark.parametrize("options", [dict(gradient_as_bucket_view=True), dict(static_graph=True),
+                                     dict(find_unused_parameters=True), dict(bucket_cap_mb=0.0001)],
+                         ids=["bucket_view", "static_graph", "find_unused", "tiny_buckets"])
+def test_ddp_options_keep_exactness(tmp_path, options):
+    """DDP's options that users set (gradients as views of the buckets, a static graph, unused parameters searched,
+    a bucket per parameter): the hook sees every bucket, the report rides in the last one, exact."""
+    spawn(_exact_worker, 3, tmp_path, 20, 24, True, 0, None, options)
+    got = [pickle.load(open(tmp_path / f"sizes-3-{r}.pkl", "rb")) for r in range(3)]
+    assert all(g[1]["rides"] == 20 and g[1]["gathers"] == 0 for g in got), [g[1] for g in got]
+    assert all(g[0] == got[0][0] for g in got), "ranks disagree on the batch sizes"
+    assert_equal_to_one_process(one_process(20, 24), [tmp_path / f"exact-3-{r}.npy" for r in range(3)])
 
 
 def test_one_rank_is_one_process(tmp_path):
