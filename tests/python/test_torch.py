@@ -680,6 +680,11 @@ class _H5Dataset(torch.utils.data.Dataset):
         return torch.from_numpy(self.file["x"][i]), int(self.file["y"][i])
 
 
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(N))
+
+
 def _h5_worker(rank, world, store, out, phase, stop):
     from lbbsp.torch import required_lag
     init(rank, world, store)
@@ -727,11 +732,12 @@ def _h5_worker(rank, world, store, out, phase, stop):
         for name, call in (("past_epoch", lambda: (loader.batch_sampler.set_epoch(0), iter(loader.batch_sampler)
                                                    .__next__())),
                            ("past_step", lambda: lb.indices(0, 0)),
-                           ("lag", lambda: lb.data_loader(ds, num_workers=2, prefetch_factor=2))):
+                           ("lag", lambda: lb.data_loader(ds, num_workers=2, prefetch_factor=2)),
+                           ("iterable", lambda: lb.data_loader(_Stream()))):
             try:
                 call()
                 errors[name] = "no error"
-            except (RuntimeError, ValueError) as e:
+            except (RuntimeError, ValueError, TypeError) as e:
                 errors[name] = str(e)
         result["errors"] = errors
     else:
@@ -758,6 +764,7 @@ def test_h5_dataloader_workers_resume_equals_one_process(tmp_path):
     assert "epoch 0 is past: the run is at step 13 (epoch 1, step 3)" in errors["past_epoch"], errors
     assert "step 0 of epoch 0 is past: the run is at step 13" in errors["past_step"], errors
     assert "reads 4 batches ahead" in errors["lag"] and "lag=4" in errors["lag"], errors
+    assert "an IterableDataset yields samples in its own order" in errors["iterable"], errors
     ref = one_process(20, 24, seed=4, mean=True)
     for r in range(2):
         rel = np.linalg.norm(resumed[r]["params"] - ref) / np.linalg.norm(ref)

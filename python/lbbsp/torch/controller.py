@@ -542,6 +542,10 @@ class LoadBalancer:
         over epochs (also with ``persistent_workers=True``); ``collate_fn`` (default PyTorch's) wrapped in
         ``AllowEmpty`` so a rank given 0 samples gets an empty batch. Raises ValueError when the loader would
         read further ahead than ``lag`` decides (``lag < required_lag(num_workers, prefetch_factor)``)."""
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            raise TypeError("LoadBalancer.data_loader: an IterableDataset yields samples in its own order, so no "
+                            "rank can be handed the indices of its share; use a map-style Dataset (__getitem__ "
+                            "and __len__), or draw each step's samples from lb.indices(epoch, step) yourself")
         need = required_lag(num_workers, prefetch_factor, self.micro_batches)
         if need > self.lag and self._auto_lag and not self._stepped and not self._exchange.launched(self._step):
             self._raise_lag(need)
