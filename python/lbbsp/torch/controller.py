@@ -121,7 +121,8 @@ class LoadBalancer:
         # Seconds this rank spent in step() ("step_s"), blocked there waiting for reports ("wait_s") and
         # deciding ("decide_s", the same work on every rank).
         self.timing = {"step_s": 0.0, "wait_s": 0.0, "decide_s": 0.0}
-        if model is not None and {"FullyShardedDataParallel", "FSDPModule"} & {c.__name__ for c in type(model).__mro__}:
+        fsdp = {"FullyShardedDataParallel", "FSDPModule"}  # PyTorch's two FSDP APIs (no import: not in 1.13)
+        if model is not None and fsdp & {c.__name__ for c in type(model).__mro__}:
             raise TypeError("LoadBalancer: FSDP (FullyShardedDataParallel, fully_shard) is not supported: its "
                             "all-gathers in every layer make each rank wait for the others inside the step, so a "
                             "rank's own time cannot be told from its waiting, and it averages the gradients where "
