@@ -4,7 +4,8 @@ peak-memory statistics left alone), run two ways by the same workers:
   that follow the batch, the device of every call kept) and the controller told that its model lives on cuda:1
   while cuda:0 is current, so every line of the CUDA path runs here and every device it is handed is checked;
 - "cuda", on a real GPU: gloo ranks sharing the device(s), each rank's per-sample work a GPU kernel queued
-  asynchronously, and NCCL with a rank per device; skipped where torch sees no GPU (scripts/device_check.sh runs them on a lent GPU machine).
+  asynchronously, and NCCL with a rank per device; skipped where torch sees no GPU (scripts/device_check.sh
+  runs them on a lent GPU machine).
 The memory cap is checked with FakeCuda only: a real device has far more memory than a test can make scarce."""
 
 import os
