@@ -254,6 +254,24 @@ if wanted torch; then
     command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && has_gpu=1
     run_step torch_cuda 120 env LBBSP_REQUIRE_CUDA=$has_gpu "$torch_py" -m pytest -q -rs -p no:cacheprovider \
       tests/python/test_torch_cuda.py
+    if ((has_gpu)) && [[ -n $data ]]; then
+      # What the CUDA path costs a step (it synchronises the device in step()): 1 rank on the GPU (NCCL), the MLP,
+      # nothing to balance (bsp) against plain DDP, alternated twice.
+      mkdir -p "$out/torch_cuda_cost"
+      for pair in 1 2; do
+        for run in plain-ddp bsp; do
+          flags=(--balancer bsp)
+          [[ $run == plain-ddp ]] && flags=(--plain-ddp)
+          run_step "torch_cuda_cost_${run}_$pair" 60 "$torch_py" scripts/torch_train.py --data "$data" --device cuda \
+            --spawn 1 --max-iterations 500 "${flags[@]}" --summary-json "$out/torch_cuda_cost/$run-$pair.json"
+        done
+      done
+      log "torch_cuda_cost: $("$torch_py" -c 'import json, sys
+ms = lambda r, p: 1e3 * json.load(open(f"{sys.argv[1]}/{r}-{p}.json"))["mean_iteration_s"]
+rows = [(p, ms("plain-ddp", p), ms("bsp", p)) for p in (1, 2)]
+print("; ".join("pair %d: plain DDP %.3f ms, DDP + lbbsp (bsp) %.3f ms" % r for r in rows))' \
+        "$out/torch_cuda_cost" 2>&1 | tail -n 1)"
+    fi
     # The benchmark on the synthetic data, 60 iterations (its 700 on Fashion-MNIST take ~15 min): 4 ranks on
     # cores of their own, where the 2-core VM oversubscribes them.
     torch_args=(--python "$torch_py" --lbbsp "$lbbsp" --out "$out/torch")

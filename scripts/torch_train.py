@@ -12,7 +12,8 @@ Launch with any of (rank and world size come from the launcher's environment):
 seconds, after the forward pass, after backward or (added) in loading the batch (--cost-at; lbbsp train's
 `--straggle static:...;gpu=0:0:S:1000000`). --workers N reads the batches through a DataLoader with N worker processes (lb.data_loader: the balancer's
 sampler, its lag set to what the workers read ahead). --plain-ddp runs stock DDP instead (equal split, averaging allreduce):
-the baseline. Rank 0 prints one JSON summary line (and writes --summary-json).
+the baseline. --device cuda trains on the GPUs (local rank r on GPU r mod count). Rank 0 prints one JSON summary
+line (and writes --summary-json).
 """
 import argparse
 import json
@@ -97,7 +98,7 @@ def batches(a, lb, fixed, rank, steps, xtr, ytr):
             idx = torch.from_numpy(idx)
             yield xtr[idx], ytr[idx]
         return
-    data = torch.utils.data.TensorDataset(xtr, ytr) if a.read == "memory" else H5Samples(a.data, a.model)
+    data = torch.utils.data.TensorDataset(xtr.cpu(), ytr.cpu()) if a.read == "memory" else H5Samples(a.data, a.model)
     if controlled:
         loader = lb.data_loader(data, num_workers=a.workers, prefetch_factor=1, persistent_workers=True)
     else:
@@ -114,13 +115,14 @@ def batches(a, lb, fixed, rank, steps, xtr, ytr):
                 return
 
 
-def train(a):
+def train(a, local_rank):
     torch.set_num_threads(a.threads)
     rank, world = dist.get_rank(), dist.get_world_size()
-    xtr, ytr = load(a.data, "train", a.model)
-    xte, yte = load(a.data, "test", a.model)
+    dev = torch.device("cuda", local_rank % torch.cuda.device_count()) if a.device == "cuda" else torch.device("cpu")
+    xtr, ytr = (t.to(dev) for t in load(a.data, "train", a.model))
+    xte, yte = (t.to(dev) for t in load(a.data, "test", a.model))
     torch.manual_seed(a.seed)
-    model = DDP(make_model(a.model))
+    model = DDP(make_model(a.model).to(dev), device_ids=[dev.index] if dev.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     caps = [float(c) for c in a.straggle.split(",")]
     cap = caps[rank % len(caps)]
@@ -141,6 +143,7 @@ def train(a):
         t0 = time.perf_counter()
         sizes.append((fixed if a.plain_ddp or a.oracle else lb.batch_sizes).tolist())
         xb, yb = first if g == 0 else next(data)
+        xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)  # from a DataLoader: on the host
         # The emulated cost where --cost-at puts it: reading the batch (added), or after the forward pass or
         # after backward (max with the forward's own time); lbbsp.torch measures the whole step either way.
         if a.cost_at == "load":
@@ -163,6 +166,8 @@ def train(a):
         if not (a.plain_ddp or a.oracle):
             lb.step()
         control_s += time.perf_counter() - t_control
+        if dev.type == "cuda" and (g == steps - 1 or (a.eval_every and (g + 1) % a.eval_every == 0)):
+            torch.cuda.synchronize(dev)  # the device's queued steps count before an evaluation and at the end
         train_s += time.perf_counter() - t0
         if rank == 0 and a.eval_every and (g + 1) % a.eval_every == 0:
             with lb.untimed():  # rank 0's evaluation is not part of its step time
@@ -176,7 +181,7 @@ def train(a):
              "decide_fraction": lb.timing["decide_s"] / max(train_s, 1e-12),
              "report_wait_fraction": lb.timing["wait_s"] / max(train_s, 1e-12),
              "test_accuracy": acc, "target_accuracy": a.target_accuracy, "time_to_target_s": time_to_target,
-             "cost_at": a.cost_at, "workers": a.workers, "final_batch_sizes": (fixed if a.plain_ddp or a.oracle else lb.batch_sizes).tolist(),
+             "cost_at": a.cost_at, "workers": a.workers, "device": a.device, "final_batch_sizes": (fixed if a.plain_ddp or a.oracle else lb.batch_sizes).tolist(),
              "batch_sizes": sizes, "torch": torch.__version__, "lbbsp": lbbsp.__version__}
         print(json.dumps({k: v for k, v in s.items() if k != "batch_sizes"}), flush=True)  # --summary-json has them
         if a.summary_json:
@@ -184,10 +189,15 @@ def train(a):
                 json.dump(s, f, indent=1)
 
 
+def backend(a, world):
+    """--spawn: NCCL where every rank has a GPU of its own, else gloo (several ranks on one GPU, or the CPU)."""
+    return "nccl" if a.device == "cuda" and world <= torch.cuda.device_count() else "gloo"
+
+
 def spawned(rank, a, world, port):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    init_from_env(backend="gloo")
-    train(a)
+    init_from_env(backend=backend(a, world))
+    train(a, rank)
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -221,7 +231,12 @@ def main():
     ap.add_argument("--target-accuracy", type=float, default=None)
     ap.add_argument("--summary-json", default=None)
     ap.add_argument("--spawn", type=int, default=0, help="start N local processes instead of using a launcher")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: local rank r on GPU r %% count; with --spawn, NCCL where each rank has its own GPU "
+                         "(else gloo), under a launcher NCCL")
     a = ap.parse_args()
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("torch_train.py: --device cuda, but torch sees no CUDA device")
     if not os.path.exists(a.data):
         sys.exit(f"torch_train.py: --data {a.data} does not exist (make it with: lbbsp data import-fashion-mnist "
                  f"--out {a.data})")
@@ -231,8 +246,8 @@ def main():
             port = s.getsockname()[1]
         mp.spawn(spawned, args=(a, a.spawn, port), nprocs=a.spawn, join=True)
         return
-    init_from_env()
-    train(a)
+    local = init_from_env(backend=None if a.device == "cuda" else "gloo")  # cuda: NCCL
+    train(a, local)
     dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
