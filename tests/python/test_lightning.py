@@ -80,6 +80,29 @@ def test_lightning_with_gradient_accumulation_equals_one_process(tmp_path):
     assert_random5_equals_one_process(got, sizes)
 
 
+class CompiledNet(Net):
+    """Net that records how many frames dynamo compiled in its rank (0 would mean it ran eagerly)."""
+
+    def on_train_end(self):
+        super().on_train_end()
+        frames = torch._dynamo.utils.counters["frames"]["ok"]
+        pickle.dump(frames, open(os.path.join(self.out, f"frames-{self.trainer.global_rank}.pkl"), "wb"))
+
+
+def test_lightning_compiled_module_equals_one_process(tmp_path):
+    """trainer.fit(torch.compile(module)): Lightning compiles it again over the strategy's DDP, whose comm hook
+    is the balancer's: every rank equals one process."""
+    strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method="fork")
+    trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=2, precision="64-true",
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(torch.compile(CompiledNet(str(tmp_path)), backend="aot_eager"))
+    got = [pickle.load(open(tmp_path / f"lightning-{r}.pkl", "rb")) for r in range(3)]
+    frames = [pickle.load(open(tmp_path / f"frames-{r}.pkl", "rb")) for r in range(3)]
+    assert all(f > 0 for f in frames), f"dynamo compiled nothing: {frames}"
+    assert_random5_equals_one_process(got, np.array(got[0]["sizes"]))
+
+
 class HangNet(Net):
     """Net whose rank 2 hangs in training_step at step 3 (past every timeout; the launcher ends it)."""
 
