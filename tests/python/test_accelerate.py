@@ -126,6 +126,31 @@ def _bf16_worker(out):
     os._exit(0)
 
 
+def _compile_worker(out):
+    """Accelerator(dynamo_backend=...): prepare() hands back the compiled DDP model; mean loss, random:5."""
+    acc = accelerate.Accelerator(cpu=True, dynamo_backend="aot_eager")
+    net = make_model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    x, y = data()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, shuffle=True)
+    model, opt, loader, lb = lbbsp.accelerate.prepare(acc, net, opt, loader, balancer="random:5", seed=3,
+                                                      monitor=fixed_metrics)
+    sizes = []
+    for epoch in range(2):
+        for xb, yb in loader:
+            sizes.append(lb.batch_sizes.tolist())
+            acc.backward(F.cross_entropy(model(xb), yb))
+            opt.step()
+            opt.zero_grad()
+    params = torch.cat([p.detach().flatten() for p in net.parameters()]).numpy()
+    frames = torch._dynamo.utils.counters["frames"]["ok"]  # 0: it ran eagerly
+    pickle.dump({"params": params, "sizes": sizes, "frames": frames, "model": type(model).__name__},
+                open(os.path.join(out, f"compile-{acc.process_index}.pkl"), "wb"))
+    acc.wait_for_everyone()
+    sys.stdout.flush()
+    os._exit(0)
+
+
 def _run(*args, cli=False, hostfile=None, processes=3):
     """3 CPU processes from a fresh interpreter (forked from pytest's process the workers hang): Accelerate's
     Python launcher; with cli=True torchrun (how Accelerate runs several CPU processes without MPI; unlike the
@@ -221,12 +246,23 @@ if __name__ == "__main__":
     if "LOCAL_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:  # torchrun or mpirun: one rank
         if mode == "exact":
             _worker(args[0], int(args[1]), bool(int(args[2])))
-        {"hang": _hang_worker, "bf16": _bf16_worker}[mode](args[0])
+        {"hang": _hang_worker, "bf16": _bf16_worker, "compile": _compile_worker}[mode](args[0])
     elif mode == "exact":
         accelerate.debug_launcher(_worker, args=(args[0], int(args[1]), bool(int(args[2]))), num_processes=3)
     else:
         accelerate.debug_launcher({"hang": _hang_worker, "bf16": _bf16_worker}[mode], args=(args[0],),
                                   num_processes=3)
+
+
+def test_accelerate_compiled_model_equals_one_process(tmp_path):
+    """dynamo_backend= in the Accelerator: prepare() returns the compiled DDP model and balances it as the plain
+    one, every rank equal to one process."""
+    run = _run("compile", tmp_path, cli=True)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    got = [pickle.load(open(tmp_path / f"compile-{r}.pkl", "rb")) for r in range(3)]
+    assert all(g["frames"] > 0 and g["model"] == "OptimizedModule" for g in got), \
+        [(g["frames"], g["model"]) for g in got]
+    assert_random5_equals_one_process(got, np.array(got[0]["sizes"]))
 
 
 def test_example_runs_and_the_slowed_rank_gets_fewer_samples(tmp_path):
