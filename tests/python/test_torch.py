@@ -354,13 +354,17 @@ def _bad_args_worker(rank, world, store, out):
             torch.nn.Linear(2, 2), device_id=torch.device("cpu")))
         if hasattr(fsdp, "fully_shard"):
             cases["fsdp2"] = dict(dataset_size=100, global_batch=10, model=fsdp.fully_shard(torch.nn.Linear(2, 2)))
+    hooked = DDP(make_model())  # a hook of the user's already there: DDP takes one
+    hooked.register_comm_hook(None, lambda state, bucket: dist.all_reduce(bucket.buffer(), async_op=True)
+                              .get_future().then(lambda f: f.value()[0]))
+    cases["hooked"] = dict(dataset_size=100, global_batch=10, model=hooked)
     messages = {}
     for name, kw in cases.items():
         model = kw.pop("model", None)
         try:
             LoadBalancer(model, **kw)
             messages[name] = "no error"
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, RuntimeError) as e:
             messages[name] = f"{type(e).__name__}: {e}"
     lb = LoadBalancer(None, dataset_size=100, global_batch=10, monitor=fixed_metrics)
     messages["default_timeout_s"] = lb.timeout_s
@@ -385,6 +389,8 @@ def test_bad_arguments_raise_on_every_rank(tmp_path):
     # By default a long phase on one rank between steps may last as long as a PyTorch collective may wait.
     assert m0["default_timeout_s"] == dist.default_pg_timeout.total_seconds() == 1800.0
     assert "must be a DistributedDataParallel" in m0["model"]
+    assert m0["hooked"].startswith("RuntimeError: LoadBalancer: the model already has a communication hook"), \
+        m0["hooked"]
     assert "fsdp1" in m0 or not TORCH2
     for fsdp in [k for k in m0 if k.startswith("fsdp")]:
         assert m0[fsdp].startswith("TypeError: LoadBalancer: FSDP (FullyShardedDataParallel, fully_shard) is not "

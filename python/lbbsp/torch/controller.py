@@ -148,7 +148,13 @@ class LoadBalancer:
             def hook(state: Optional[dist.ProcessGroup], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
                 lb = me()
                 return lb._sum_hook(state, bucket) if lb is not None else sum_allreduce_hook(state, bucket)
-            model.register_comm_hook(getattr(model, "process_group", None), hook)
+            try:
+                model.register_comm_hook(getattr(model, "process_group", None), hook)
+            except RuntimeError as e:  # DDP takes one hook: the user's (a compression hook, say) came first
+                raise RuntimeError("LoadBalancer: the model already has a communication hook (register_comm_hook "
+                                   "was called on it): LB-BSP needs its own, which sums the gradients and carries "
+                                   "the reports; build the LoadBalancer on a DDP model without one (gradient "
+                                   f"compression hooks are not supported). PyTorch: {e}") from e
         self._restart_clock()
 
     # ---- what a training loop asks for ----
