@@ -3,14 +3,7 @@
 # (CMAKE_IGNORE_PREFIX_PATH=/usr) must take them from the cmeel-eigen wheel (PyPI, a build requirement in
 # pyproject.toml) and decide exactly as `lbbsp simulate` does (test_package.py's bit-for-bit replays, the state
 # round trips). $1 = lbbsp (the binary the replays compare with), $2 = scratch folder.
-set -euo pipefail
-SRC=${LBBSP_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
-LBBSP=$(realpath "$1")
-SCRATCH=$2
-PY=${LBBSP_TEST_PYTHON:-/usr/bin/python3}
-rm -rf "$SCRATCH" && mkdir -p "$SCRATCH"
-"$PY" -m venv --system-site-packages "$SCRATCH/venv" || {
-  echo "FAIL: $PY -m venv failed: install python3-venv (scripts/setup.sh does)" >&2; exit 1; }
+source "$(dirname "$0")/venv_prelude.sh"
 "$SCRATCH/venv/bin/pip" wheel -v --no-deps -w "$SCRATCH/wheel" "$SRC" --config-settings=cmake.define.CMAKE_IGNORE_PREFIX_PATH=/usr \
   --config-settings=build-dir="$SCRATCH/build" >"$SCRATCH/build.log" 2>&1 ||
   { tail -n 30 "$SCRATCH/build.log"; echo "FAIL: pip wheel with the system's Eigen hidden" >&2; exit 1; }

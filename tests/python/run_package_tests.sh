@@ -3,14 +3,7 @@
 # PyPI), the wheel installed into a fresh virtual environment of Debian's python3, and tests/python/test_*.py run
 # from outside the source tree so that `import lbbsp` can only find the installed package.
 # $1 = lbbsp (the binary the cross-checks run), $2 = scratch folder.
-set -euo pipefail
-SRC=${LBBSP_SOURCE_DIR:-$(cd "$(dirname "$0")/../.." && pwd)}
-LBBSP=$(realpath "$1")
-SCRATCH=$2
-PY=${LBBSP_TEST_PYTHON:-/usr/bin/python3}
-rm -rf "$SCRATCH" && mkdir -p "$SCRATCH"
-"$PY" -m venv --system-site-packages "$SCRATCH/venv" || {
-  echo "FAIL: $PY -m venv failed: install python3-venv (scripts/setup.sh does)" >&2; exit 1; }
+source "$(dirname "$0")/venv_prelude.sh"
 "$SCRATCH/venv/bin/pip" wheel -q --no-deps -w "$SCRATCH/wheel" "$SRC"
 "$SCRATCH/venv/bin/pip" install -q "$SCRATCH"/wheel/lbbsp-*.whl
 "$SCRATCH/venv/bin/python" -c "import pytest" 2>/dev/null || "$SCRATCH/venv/bin/pip" install -q pytest

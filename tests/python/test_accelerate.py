@@ -41,17 +41,22 @@ class Recorder:
         return _Recorder()
 
 
+def _prepared(acc, batch_size):
+    """The test model, SGD and a shuffled DataLoader of the test data through lbbsp.accelerate.prepare with
+    random:5: (model, optimizer, loader, LoadBalancer)."""
+    net = make_model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    x, y = data()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch_size, shuffle=True)
+    return lbbsp.accelerate.prepare(acc, net, opt, loader, balancer="random:5", seed=3, monitor=fixed_metrics)
+
+
 def _worker(out, stop, resume):
     """gradient_accumulation_steps=2 with a DataLoader of 4 per rank: global batch 3 x 4 x 2 = 24 on 3 ranks."""
     recorder = Recorder(out)
     acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2, log_with=[recorder])
     acc.init_trackers("lbbsp")
-    net = make_model()
-    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    x, y = data()
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4, shuffle=True)
-    model, opt, loader, lb = lbbsp.accelerate.prepare(acc, net, opt, loader, balancer="random:5", seed=3,
-                                                      monitor=fixed_metrics)
+    model, opt, loader, lb = _prepared(acc, batch_size=4)
     if resume:
         acc.load_state(os.path.join(out, "state"))
     sizes, micro = [], []
@@ -129,12 +134,7 @@ def _bf16_worker(out):
 def _compile_worker(out):
     """Accelerator(dynamo_backend=...): prepare() hands back the compiled DDP model; mean loss, random:5."""
     acc = accelerate.Accelerator(cpu=True, dynamo_backend="aot_eager")
-    net = make_model()
-    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
-    x, y = data()
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, shuffle=True)
-    model, opt, loader, lb = lbbsp.accelerate.prepare(acc, net, opt, loader, balancer="random:5", seed=3,
-                                                      monitor=fixed_metrics)
+    model, opt, loader, lb = _prepared(acc, batch_size=8)
     sizes = []
     for epoch in range(2):
         for xb, yb in loader:
@@ -142,7 +142,7 @@ def _compile_worker(out):
             acc.backward(F.cross_entropy(model(xb), yb))
             opt.step()
             opt.zero_grad()
-    params = torch.cat([p.detach().flatten() for p in net.parameters()]).numpy()
+    params = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
     frames = torch._dynamo.utils.counters["frames"]["ok"]  # 0: it ran eagerly
     pickle.dump({"params": params, "sizes": sizes, "frames": frames, "model": type(model).__name__},
                 open(os.path.join(out, f"compile-{acc.process_index}.pkl"), "wb"))
