@@ -146,7 +146,7 @@ class _Rank:
     def work(self, n, seconds):
         if self.fake is not None:
             self.fake.step(n)
-            time.sleep(seconds)
+            time.sleep(seconds)  # the rank's emulated work itself (what the balancer measures), not a wait
         elif seconds > 0:
             with torch.cuda.device(self.device):
                 torch.cuda._sleep(int(seconds * self.cycles_per_s))
