@@ -780,7 +780,7 @@ def test_h5_dataloader_workers_resume_equals_one_process(tmp_path):
 # ---- an exception on a non-zero rank in step() ends every rank, naming it ----
 
 
-def _failing_worker(rank, world, store, out):
+def _failing_worker(rank, world, store, out, lag):
     init(rank, world, store)
     calls = [0]
 
@@ -791,7 +791,7 @@ def _failing_worker(rank, world, store, out):
         return [1.0, 0.5, 0.0]
 
     lb = LoadBalancer(None, dataset_size=1000, global_batch=30, balancer="lbbsp-cpu", timeout_s=20,
-                      monitor=monitor)
+                      monitor=monitor, lag=lag)
     t0 = time.time()
     result = "finished"
     try:
@@ -802,14 +802,15 @@ def _failing_worker(rank, world, store, out):
         result = str(e)
     took = time.time() - t0
     dist.barrier()  # every process stays alive until all have their answer: no rank ends by another's death
-    pickle.dump((result, took), open(os.path.join(out, f"fail-{rank}.pkl"), "wb"))
+    pickle.dump((result, took), open(os.path.join(out, f"fail-{lag}-{rank}.pkl"), "wb"))
     finish()
 
 
-def test_error_on_nonzero_rank_ends_every_rank_naming_it(tmp_path):
-    spawn(_failing_worker, 3, tmp_path)
+@pytest.mark.parametrize("lag", [0, 2])  # with lag >= 1 step 3 is decided after later steps' reports were built
+def test_error_on_nonzero_rank_ends_every_rank_naming_it(tmp_path, lag):
+    spawn(_failing_worker, 3, tmp_path, lag)
     for r in range(3):
-        msg, took = pickle.load(open(tmp_path / f"fail-{r}.pkl", "rb"))
+        msg, took = pickle.load(open(tmp_path / f"fail-{lag}-{r}.pkl", "rb"))
         assert msg.startswith("LoadBalancer: step 3: rank 2 failed in its report: rank 2: OSError: sensor exploded"), msg
         assert took < 20, f"rank {r} took {took:.1f} s, more than timeout_s"
 

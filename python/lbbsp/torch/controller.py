@@ -107,7 +107,7 @@ class LoadBalancer:
         self._step = 0  # global step (over epochs) that the next step() closes
         self._decided = -1  # the last step whose reports were decided from
         self._stepped = False  # step() called since construction (or the last load_state_dict)
-        self._report_error: Optional[BaseException] = None
+        self._report_errors: Dict[int, BaseException] = {}  # step -> this rank's error building its report
         self._perm_epoch, self._perm = -1, None
         self._monitor = monitor if monitor is not None else ResourceMonitor().sample
         if not callable(self._monitor):
@@ -405,7 +405,6 @@ class LoadBalancer:
     def _report(self, k: int, now: float) -> np.ndarray:
         """Step k's report; an error building it (the monitor raising) travels as the status flag."""
         n = float(self._sizes[k][self.rank])
-        self._report_error = None
         try:
             if self.micro_batches > 1 and self._check_loss and self._micro != self.micro_batches:
                 raise RuntimeError(f"step {k}: lb.scale() was called {self._micro} times for micro_batches="
@@ -416,7 +415,7 @@ class LoadBalancer:
             self._measured_s = compute
             report = [n, compute, *self._metrics(), float(self._mem_cap()), 0.0, checksum(self._sizes[k])]
         except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
-            self._report_error = e
+            self._report_errors[k] = e  # kept until step k is decided (later with lag >= 1 or an all-gather)
             report = [n] + [0.0] * (REPORT - 3) + [1.0, checksum(self._sizes[k])]
         return np.array(report, dtype=np.float64)
 
@@ -462,9 +461,10 @@ class LoadBalancer:
     def _apply(self, j: int, reports: np.ndarray) -> None:
         """Checks step j's reports (every rank sees the same, so every rank raises alike) and decides j+lag+1.
         Few NumPy calls: this runs every step, on every rank, where each costs microseconds."""
+        error = self._report_errors.pop(j, None)
         if reports[:, STATUS].any():
             failed = np.flatnonzero(reports[:, STATUS]).tolist()
-            self._exchange.fail(j, failed, self._report_error if self.rank == failed[0] else None)
+            self._exchange.fail(j, failed, error if self.rank == failed[0] else None)
         sums = reports[:, CHECKSUM]
         if not (sums == sums[0]).all():
             raise RuntimeError(disagreement(j, sums))
@@ -531,6 +531,7 @@ class LoadBalancer:
             last = saved.get(g, last)
             sizes[g] = last
         self._sizes, self._step, self._decided, self._stepped, self._micro = sizes, step, step - 1, False, 0
+        self._report_errors.clear()
         self._after_barrier = None
         self._restart_clock()
 
