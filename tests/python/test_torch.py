@@ -113,12 +113,12 @@ def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, 
     finish()
 
 
-def one_process(steps, global_batch, seed=3, l2=0.0, mean=False):
+def one_process(steps, global_batch, seed=3, l2=0.0, mean=False, momentum=0.9):
     """One process on the same global batches: the summed loss / X, or (mean=True) the mean loss + l2 x the
     squared parameters."""
     x, y = data()
     model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
     per_epoch = lbbsp.steps_per_epoch(N, global_batch)
     for g in range(steps):
         epoch, step = divmod(g, per_epoch)
@@ -269,8 +269,11 @@ def _resume_worker(rank, world, store, out, phase):
                       lag=1, monitor=fixed_metrics)
     speed = [1000.0, 400.0][rank]
     start = 0
-    if phase == "resume":
-        lb.load_state_dict(torch.load(os.path.join(out, "lb.pt")))
+    if phase != "first":
+        state = torch.load(os.path.join(out, "lb.pt"))
+        if phase == "resume_v2":  # a state saved before version 3: the sizes keyed by step
+            state["version"], state["sizes"] = 2, {state["step"] + i: v for i, v in enumerate(state["sizes"])}
+        lb.load_state_dict(state)
         start = lb.global_step
     seen = []
     for g in range(start, 30):
@@ -286,11 +289,12 @@ def _resume_worker(rank, world, store, out, phase):
 
 def test_resume_continues_identically(tmp_path):
     spawn(_resume_worker, 2, tmp_path, "first")
-    spawn(_resume_worker, 2, tmp_path, "resume")
     first = pickle.load(open(tmp_path / "resume-first.pkl", "rb"))
-    resumed = pickle.load(open(tmp_path / "resume-resume.pkl", "rb"))
-    assert len(resumed) == 18
-    assert first[12:] == resumed
+    for phase in ("resume", "resume_v2"):
+        spawn(_resume_worker, 2, tmp_path, phase)
+        resumed = pickle.load(open(tmp_path / f"resume-{phase}.pkl", "rb"))
+        assert len(resumed) == 18
+        assert first[12:] == resumed, phase
     assert first[-1][0] > first[-1][1], "the faster rank should carry more"
 
 
@@ -918,6 +922,76 @@ def test_state_is_identical_everywhere_and_loads_at_another_world_size(tmp_path)
     assert sizes.shape == (13, 3) and (sizes.sum(axis=1) == 24).all(), sizes
     assert all(r["sizes"] == resumed[0]["sizes"] for r in resumed)
     assert_equal_to_one_process(one_process(20, 24), [tmp_path / f"wc-resume-{r}.npy" for r in range(3)])
+
+
+# ---- torch.distributed.checkpoint: every rank saves, a LoadBalancer of another lag or world size loads ----
+
+
+def _dcp_worker(rank, world, store, out, phase):
+    import warnings
+    import torch.distributed.checkpoint as dcp
+    init(rank, world, store)
+    x, y = data()
+    ckpt = os.path.join(out, "dcp")
+
+    def build(lag):  # a fresh model and LoadBalancer; a rank's time is its batch x its slowness (deterministic)
+        model = DDP(make_model())
+        return model, LoadBalancer(model, dataset_size=N, global_batch=24, balancer="lbbsp-cpu", predictor="ema",
+                                   seed=3, lag=lag, monitor=fixed_metrics)
+
+    def train(model, lb, stop):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)  # no momentum: the model's state is all there is
+        sizes = []
+        while lb.global_step < stop:
+            idx = torch.from_numpy(lb.indices(*divmod(lb.global_step, lb.steps_per_epoch)))
+            sizes.append(lb.batch_sizes.tolist())
+            lb.record_compute(1e-3 * len(idx) * (3 if rank == world - 1 else 1))
+            lb.scale(F.cross_entropy(model(x[idx]), y[idx])).backward()
+            opt.step()
+            opt.zero_grad()
+            lb.step()
+        return sizes
+
+    result = {}
+    if phase == "save":
+        model, lb = build(lag=1)
+        train(model, lb, 7)  # 10 steps per epoch: mid-epoch
+        dcp.save({"model": model.module.state_dict(), "lb": lb.state_dict()}, checkpoint_id=ckpt)
+        result["through"] = train(model, lb, 14)
+        result["params"] = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
+    model, lb = build(lag=0)  # a template of another lag (and, at the resume, another world size)
+    state = {"model": model.module.state_dict(), "lb": lb.state_dict()}
+    dcp.load(state, checkpoint_id=ckpt)
+    model.module.load_state_dict(state["model"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lb.load_state_dict(state["lb"])
+    result["resumed_at"] = lb.global_step
+    result["resumed"] = train(model, lb, 14)
+    result["resumed_params"] = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
+    result["warnings"] = [str(w.message) for w in caught]
+    np.save(os.path.join(out, f"dcp-{phase}-{rank}.npy"), result["resumed_params"])
+    pickle.dump(result, open(os.path.join(out, f"dcp-{phase}-{rank}.pkl"), "wb"))
+    finish()
+
+
+@pytest.mark.skipif(not TORCH2, reason="torch.distributed.checkpoint's save/load are PyTorch 2.x (python.torch2)")
+def test_distributed_checkpoint_saves_and_loads_the_state(tmp_path):
+    spawn(_dcp_worker, 3, tmp_path, "save")
+    got = [pickle.load(open(tmp_path / f"dcp-save-{r}.pkl", "rb")) for r in range(3)]
+    for g in got:
+        assert g["resumed_at"] == 7 and g["warnings"] == [], (g["resumed_at"], g["warnings"])
+        assert g["resumed"] == g["through"] == got[0]["through"], "the resumed run decided other sizes"
+        assert np.linalg.norm(g["resumed_params"] - g["params"]) < 1e-12 * np.linalg.norm(g["params"])
+    assert got[0]["through"][0] != [8, 8, 8], "still the equal split at step 7: a fresh balancer would match it"
+    spawn(_dcp_worker, 2, tmp_path, "resume")  # the same checkpoint at 2 ranks
+    for r in range(2):
+        g = pickle.load(open(tmp_path / f"dcp-resume-{r}.pkl", "rb"))
+        assert g["resumed_at"] == 7 and "saved at 3 ranks and this run has 2" in " ".join(g["warnings"])
+        assert len(g["resumed"]) == 7 and all(sum(s) == 24 for s in g["resumed"]), g["resumed"]
+    ref = one_process(14, 24, mean=True, momentum=0.0)
+    assert_equal_to_one_process(ref, [tmp_path / f"dcp-{phase}-{r}.npy" for phase, world in (("save", 3), ("resume", 2))
+                                      for r in range(world)])
 
 
 # ---- step() does not wait for another rank's work after its backward (the reports left with the gradients) ----

@@ -25,6 +25,13 @@ def cuda_cap(free: int, cached: int, bytes_per_sample: float) -> int:
     return max(1, int((free + max(0, cached)) / bytes_per_sample))
 
 
+def _saved_sizes(sizes: Any, step: int) -> Dict[int, np.ndarray]:
+    """A state's decided batch vectors by global step: a list from ``step`` on (version 3) or a dict keyed by
+    step (version 2)."""
+    pairs = sizes.items() if isinstance(sizes, dict) else enumerate(sizes, start=step)
+    return {int(k): np.asarray(v, dtype=np.int64) for k, v in pairs}
+
+
 class LoadBalancer:
     """Re-sizes every rank's share of a fixed global batch each step (LB-BSP) on torch.distributed.
 
@@ -494,9 +501,11 @@ class LoadBalancer:
         """The controller's state, the same on every rank (every rank runs the balancer): save it from rank 0
         with ``torch.save`` or from all with ``torch.distributed.checkpoint``."""
         self._decide_through(self._step - 1, block=True)
-        return {"version": 2, "world_size": self.world_size, "global_batch": self.global_batch,
+        # "sizes": the batch vectors of steps step..step+lag, a list of lists (no tensors): one leaf for
+        # torch.distributed.checkpoint, which a template of another lag or world size can load.
+        return {"version": 3, "world_size": self.world_size, "global_batch": self.global_batch,
                 "dataset_size": self.dataset_size, "seed": self.seed, "lag": self.lag, "step": self._step,
-                "sizes": {k: self._sizes[k].tolist() for k in range(self._step, self._step + self.lag + 1)},
+                "sizes": [self._sizes[k].tolist() for k in range(self._step, self._step + self.lag + 1)],
                 "balancer": self._balancer.save_state()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -524,7 +533,7 @@ class LoadBalancer:
             if state.get("balancer") is None:
                 raise ValueError("LoadBalancer.load_state_dict: the state has no balancer state: save it on rank 0")
             self._balancer.load_state(state["balancer"])
-            saved = {int(k): np.asarray(v, dtype=np.int64) for k, v in state["sizes"].items()}
+            saved = _saved_sizes(state["sizes"], step)
         # initial() only where nothing was saved: it draws from the random balancer's generator
         sizes, last = {}, saved[step] if step in saved else self._balancer.initial()
         for g in range(step, step + self.lag + 1):
