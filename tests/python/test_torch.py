@@ -402,6 +402,44 @@ def test_bad_arguments_raise_on_every_rank(tmp_path):
     assert "past the epoch's 10 steps" in m0["step"]
 
 
+def _mismatch_worker(rank, world, store, out):
+    init(rank, world, store)
+    pair = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]  # every process enters every new_group
+    cases = {  # each a LoadBalancer's arguments on this rank
+        "shard": dict(model=None, dataset_size=N // 4 if rank == 1 else N, global_batch=24),  # a shard's length
+        "seed": dict(model=None, dataset_size=N, global_batch=24, seed=rank),
+        "model_group": dict(model=DDP(make_model()), dataset_size=N, global_batch=24, process_group=pair),
+    }
+    on_some = DDP(make_model())  # built by every process (a collective), handed over by ranks 1-3 only
+    cases["model_on_some"] = dict(model=on_some if rank else None, dataset_size=N, global_batch=24)
+    messages = {}
+    for name, kwargs in cases.items():
+        try:
+            LoadBalancer(monitor=fixed_metrics, timeout_s=30, **kwargs)
+            messages[name] = "built"
+        except ValueError as e:
+            messages[name] = str(e)
+    pickle.dump(messages, open(os.path.join(out, f"mismatch-{rank}.pkl"), "wb"))
+    finish()
+
+
+def test_ranks_built_alike_or_every_rank_raises(tmp_path):
+    spawn(_mismatch_worker, 4, tmp_path)
+    got = [pickle.load(open(tmp_path / f"mismatch-{r}.pkl", "rb")) for r in range(4)]
+    assert got[0] == got[1] and got[2] == got[3], "the ranks of one group said different things"
+    m = got[0]
+    assert {k: v for k, v in got[2].items() if k != "model_group"} == {k: v for k, v in m.items() if k != "model_group"}
+    assert m["shard"].startswith("LoadBalancer: the ranks were built with different dataset_size: 240 on ranks 0, "
+                                 "2, 3; 60 on rank 1. Every rank must pass the same dataset_size (the whole "
+                                 "dataset's size"), m["shard"]
+    assert "different seed: 0 on rank 0; 1 on rank 1; 2 on rank 2; 3 on rank 3" in m["seed"], m["seed"]
+    assert m["model_group"].startswith("LoadBalancer: the DDP model reduces its gradients over ranks [0, 1, 2, 3] "
+                                       "but process_group balances over ranks [0, 1]"), m["model_group"]
+    assert "balances over ranks [2, 3]" in got[2]["model_group"]
+    assert "different model: None on rank 0; 'DistributedDataParallel' on ranks 1, 2, 3" in m["model_on_some"], \
+        m["model_on_some"]
+
+
 def test_needs_init_process_group():
     with pytest.raises(RuntimeError, match="init_process_group"):
         LoadBalancer(None, dataset_size=100, global_batch=10)
@@ -654,6 +692,13 @@ def _loss_check_worker(rank, world, store, out):
         result["vector"] = "no error"
     except ValueError as e:
         result["vector"] = str(e)
+    lb = None  # dropped while its model trains on: the hook stays and still sums
+    gc.collect()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            F.cross_entropy(model(x[:8]), y[:8]).backward()
+    result["dropped"] = [str(w.message) for w in caught if "LoadBalancer" in str(w.message)]
     pickle.dump(result, open(os.path.join(out, f"loss-{rank}.pkl"), "wb"))
     finish()
 
@@ -666,6 +711,7 @@ def test_unscaled_mean_loss_warns_once(tmp_path):
         assert got["scaled"] == got["sum"] == got["opted_out"] == [], got
         assert got["scaled-timed"] == ["DeprecationWarning"], got
         assert "must be a scalar tensor" in got["vector"], got
+        assert len(got["dropped"]) == 1 and "LoadBalancer is gone" in got["dropped"][0], got["dropped"]
 
 
 # ---- a DataLoader over an HDF5 file, 2 workers, reused over epochs, resumed mid-epoch: equals one process ----
@@ -1035,14 +1081,19 @@ def test_step_does_not_wait_for_work_after_backward(tmp_path, lag):
 # ---- a rank that uses another batch vector is named on every rank ----
 
 
-def _diverged_worker(rank, world, store, out):
+def _diverged_worker(rank, world, store, out, odd=1):
     init(rank, world, store)
-    lb = LoadBalancer(None, dataset_size=1000, global_batch=30, balancer="bsp", monitor=fixed_metrics)
+    group = None
+    if world == 4:  # data-parallel pairs [0, 1] and [2, 3]: messages name global ranks
+        group = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+    lb = LoadBalancer(None, dataset_size=1000, global_batch=30, balancer="bsp", monitor=fixed_metrics,
+                      process_group=group)
     result = "finished"
     try:
         for g in range(8):
-            if rank == 1 and g == 4:
-                lb._sizes[g] = lb._sizes[g] + np.array([1, 0, -1])  # this rank's sizes drift from the others'
+            if rank == odd and g == 4:  # this rank's sizes drift from the others'
+                lb._sizes[g] = lb._sizes[g] + np.eye(lb.world_size, dtype=np.int64)[0] - np.eye(
+                    lb.world_size, dtype=np.int64)[-1]
             lb.indices(0, g)
             lb.record_compute(1e-3)
             lb.step()
@@ -1058,6 +1109,15 @@ def test_ranks_using_another_batch_vector_are_named(tmp_path):
         msg = pickle.load(open(tmp_path / f"diverged-{r}.pkl", "rb"))
         assert msg.startswith("LoadBalancer: step 4: the ranks used different batch vectors: ranks 0, 2 "), msg
         assert "; rank 1 (checksum" in msg, msg
+
+
+def test_ranks_are_named_by_their_global_rank_in_a_subgroup(tmp_path):
+    spawn(_diverged_worker, 4, tmp_path, 3)
+    msgs = [pickle.load(open(tmp_path / f"diverged-{r}.pkl", "rb")) for r in range(4)]
+    assert msgs[:2] == ["finished", "finished"], msgs
+    for msg in msgs[2:]:
+        assert msg.startswith("LoadBalancer: step 4: the ranks used different batch vectors: rank 2 (checksum "), msg
+        assert "; rank 3 (checksum" in msg, msg
 
 
 # ---- data-parallel subgroups: 4 processes as 2 groups of 2, each balanced on its own ----

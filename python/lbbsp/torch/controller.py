@@ -75,7 +75,8 @@ class LoadBalancer:
 
     def __init__(self, model: Optional[torch.nn.Module], dataset_size: int, global_batch: int,
                  balancer: str = "lbbsp-cpu", predictor: str = "narx", seed: int = 1, min_batch: int = 0,
-                 lag: Optional[int] = None, process_group: Optional[dist.ProcessGroup] = None, timeout_s: Optional[float] = None,
+                 lag: Optional[int] = None, process_group: Optional[dist.ProcessGroup] = None,
+                 timeout_s: Optional[float] = None,
                  monitor: Optional[Callable[[], List[float]]] = None, check_loss: bool = True,
                  micro_batches: int = 1) -> None:
         if not dist.is_available() or not dist.is_initialized():
@@ -137,6 +138,18 @@ class LoadBalancer:
         if model is not None and not hasattr(model, "register_comm_hook"):
             raise TypeError("LoadBalancer: model must be a DistributedDataParallel (or None to sum gradients "
                             f"yourself), got {type(model).__name__}")
+        model_ranks = group_ranks(getattr(model, "process_group", None)) if model is not None else self._ranks
+        # One all-gather at construction: settings that differ by rank would cut other samples (or sum the
+        # gradients over other ranks) while every rank's sizes still agree.
+        self._exchange.check_same({
+            "dataset_size": self.dataset_size, "global_batch": self.global_batch, "seed": self.seed,
+            "balancer": balancer, "predictor": predictor, "min_batch": min_batch, "lag": lag,
+            "micro_batches": self.micro_batches, "model": type(model).__name__ if model is not None else None,
+            "model_group": model_ranks if model is not None else None})
+        if model_ranks != self._ranks:  # the same on every rank of the group (checked just above)
+            raise ValueError(f"LoadBalancer: the DDP model reduces its gradients over ranks {model_ranks} but "
+                             f"process_group balances over ranks {self._ranks}: pass the DDP model's process_group "
+                             "(DDP(module, process_group=g) and LoadBalancer(..., process_group=g))")
         self._model = model
         self._plain_bn = model is not None and any(
             isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm)
@@ -150,11 +163,19 @@ class LoadBalancer:
             # The hook holds the LoadBalancer weakly: no reference cycle (model -> hook -> self -> model), so a
             # dropped LoadBalancer and its process groups go at once, in the thread that drops them, and not in
             # a garbage collection that may run anywhere (in a gloo thread's callback, say).
-            me = weakref.ref(self)
+            me, orphaned = weakref.ref(self), []
 
             def hook(state: Optional[dist.ProcessGroup], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
                 lb = me()
-                return lb._sum_hook(state, bucket) if lb is not None else sum_allreduce_hook(state, bucket)
+                if lb is not None:
+                    return lb._sum_hook(state, bucket)
+                if not orphaned:  # DDP keeps the hook: training on without the LoadBalancer still sums
+                    orphaned.append(True)
+                    warnings.warn("LoadBalancer: the DDP model's LoadBalancer is gone (no reference left to it) "
+                                  "but its hook stays: the gradients are still SUMMED over ranks, so a mean loss "
+                                  "gives gradients world-size times too large. Keep the LoadBalancer for as long "
+                                  "as the model trains, or train on with a new DDP model")
+                return sum_allreduce_hook(state, bucket)
             try:
                 model.register_comm_hook(getattr(model, "process_group", None), hook)
             except RuntimeError as e:  # DDP takes one hook: the user's (a compression hook, say) came first
@@ -317,7 +338,7 @@ class LoadBalancer:
         or died; ``lbbsp.torch.exchange.is_collective_error(error)`` tells): names the ranks that do not answer a
         health check. Frameworks' backward wrappers use it."""
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        return RuntimeError(f"LoadBalancer: step {self._step}: {what} failed on rank {self.rank}: "
+        return RuntimeError(f"LoadBalancer: step {self._step}: {what} failed on rank {self._ranks[self.rank]}: "
                             f"{self._exchange.missing_ranks(self._step)}; {first}")
 
     # ---- measurement: a window from leaving one barrier to reaching the next, less its waits ----
@@ -474,7 +495,7 @@ class LoadBalancer:
             self._exchange.fail(j, failed, error if self.rank == failed[0] else None)
         sums = reports[:, CHECKSUM]
         if not (sums == sums[0]).all():
-            raise RuntimeError(disagreement(j, sums))
+            raise RuntimeError(disagreement(j, sums, self._ranks))
         batch = reports[:, 0].astype(np.int64)  # whole numbers (float32 holds them to 2^24)
         if not np.array_equal(batch, self._sizes[j]):
             raise RuntimeError(f"LoadBalancer: step {j}: the ranks report batches {batch.tolist()}, not the "

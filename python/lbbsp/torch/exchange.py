@@ -167,8 +167,9 @@ class ReportExchange:
             else:
                 work.wait(self.timeout)
         except RuntimeError as e:
-            raise RuntimeError(f"LoadBalancer: step {step}: exchanging reports failed on rank {self.rank}: "
-                               f"{self.missing_ranks(step)}; {str(e).splitlines()[0]}") from None
+            first = (str(e).splitlines() or [type(e).__name__])[0]
+            raise RuntimeError(f"LoadBalancer: step {step}: exchanging reports failed on rank "
+                               f"{self.ranks[self.rank]}: {self.missing_ranks(step)}; {first}") from None
         finally:
             self.waited_s += time.perf_counter() - t0
         if isinstance(out, list):
@@ -198,11 +199,28 @@ class ReportExchange:
             dist.broadcast_object_list(message, src=self.ranks[src], group=self.errors)
         except RuntimeError as e:
             message = [f"(its message did not arrive: {str(e).splitlines()[0]})"]
-        who = (f"rank {src} failed in its report" if len(failed) == 1
-               else f"ranks {', '.join(map(str, failed))} failed in their reports")
-        where = "" if self.rank == src else f" (this is rank {self.rank}; see rank {src}'s log for the traceback)"
-        raise RuntimeError(f"LoadBalancer: step {step}: {who}: rank {src}: {message[0]}"
+        who = (f"rank {self.ranks[src]} failed in its report" if len(failed) == 1
+               else f"ranks {', '.join(str(self.ranks[r]) for r in failed)} failed in their reports")
+        where = "" if self.rank == src else \
+            f" (this is rank {self.ranks[self.rank]}; see rank {self.ranks[src]}'s log for the traceback)"
+        raise RuntimeError(f"LoadBalancer: step {step}: {who}: rank {self.ranks[src]}: {message[0]}"
                            f"{where}") from error
+
+    def check_same(self, settings: Dict[str, object]) -> None:
+        """Raises ValueError on every rank when the ranks were built with different ``settings`` (one all-gather
+        at construction): a per-rank dataset_size or seed would cut other samples under the same sizes."""
+        everyone: List[Optional[Dict[str, object]]] = [None] * self.world
+        dist.all_gather_object(everyone, settings, group=self.errors)
+        for key in settings:
+            values = [s[key] for s in everyone]  # type: ignore[index]
+            if any(v != values[0] for v in values):
+                by_value: Dict[str, List[int]] = {}
+                for r, v in enumerate(values):
+                    by_value.setdefault(repr(v), []).append(self.ranks[r])
+                parts = "; ".join(f"{v} on {'rank' if len(rs) == 1 else 'ranks'} {', '.join(map(str, rs))}"
+                                  for v, rs in by_value.items())
+                raise ValueError(f"LoadBalancer: the ranks were built with different {key}: {parts}. Every rank "
+                                 f"must pass the same {key}" + _SAME_HINTS.get(key, ""))
 
     def missing_ranks(self, step: int) -> str:
         """Which ranks do not answer, the same verdict on every rank that does: each rank marks itself alive in
@@ -212,7 +230,7 @@ class ReportExchange:
         self.broken = True
         wait = min(10.0, self.timeout.total_seconds())
         try:
-            silent = self._silent_ranks(step, wait)
+            silent = [self.ranks[r] for r in self._silent_ranks(step, wait)]
         except Exception as e:  # noqa: BLE001 - report whatever the check said
             return f"health check failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
         if not silent:
@@ -231,6 +249,12 @@ class ReportExchange:
         except RuntimeError:  # a timeout: see who is missing
             return [r for r in range(self.world) if not _has_key(store, keys[r])]
 
+
+_SAME_HINTS = {
+    "dataset_size": " (the whole dataset's size, not this rank's shard: every rank draws from one permutation)",
+    "model_group": " (the DDP model's process_group and the LoadBalancer's process_group must be the same group)",
+    "model": " (a DistributedDataParallel on every rank, or None on every rank)",
+}
 
 # What a failed collective's error says (gloo, NCCL, the c10d store): a timeout or a lost peer, not the user's code.
 _COLLECTIVE_MARKS = ("gloo", "nccl", "timed out", "connection closed", "connection reset", "socket timeout",
@@ -256,14 +280,15 @@ def _has_key(store: dist.Store, key: str) -> bool:
         return False
 
 
-def disagreement(step: int, sums: np.ndarray) -> Optional[str]:
-    """None when every rank used the same batch vector (same checksum), else a message naming who differs."""
+def disagreement(step: int, sums: np.ndarray, ranks: Sequence[int]) -> Optional[str]:
+    """None when every rank used the same batch vector (same checksum), else a message naming who differs (by
+    global rank: ``ranks`` maps the group's ranks to them)."""
     if (sums == sums[0]).all():
         return None
     values, first, counts = np.unique(sums, return_index=True, return_counts=True)
     parts = []
     for v in values[np.lexsort((first, -counts))]:
-        who = np.flatnonzero(sums == v).tolist()
+        who = [ranks[r] for r in np.flatnonzero(sums == v)]
         parts.append(f"{'rank' if len(who) == 1 else 'ranks'} {', '.join(map(str, who))} (checksum {int(v):08x})")
     return (f"LoadBalancer: step {step}: the ranks used different batch vectors: {'; '.join(parts)}. Every rank "
             "decides the sizes from the same reports with the same code, so this means a rank's balancer or "

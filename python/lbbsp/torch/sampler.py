@@ -64,7 +64,8 @@ class AllowEmpty:
 
 class BalancedBatchSampler:
     """DataLoader ``batch_sampler`` over a LoadBalancer: yields this rank's index list of each step of an epoch
-    (with ``micro_batches`` > 1 its micro-batches, one by one), as far ahead as the controller's ``lag`` allows. The epoch is the run's (``lb.epoch``) unless
+    (with ``micro_batches`` > 1 its micro-batches, one by one), as far ahead as the controller's ``lag`` allows.
+    The epoch is the run's (``lb.epoch``) unless
     ``set_epoch()`` fixes it; iteration starts at the run's current step of that epoch (``lb.global_step``), so
     one sampler serves every epoch and a resumed run continues mid-epoch with no user code."""
 
