@@ -71,8 +71,19 @@ def spawn(fn, world, tmp_path, *args, start_method="fork"):
     CUDA (which a forked child cannot initialise where its parent has)."""
     store = tmp_path / f"store-{fn.__name__}-{world}-{next(_STORES)}"  # a fresh FileStore per spawn: workers
     # that end with os._exit leave theirs behind
-    mp.start_processes(fn, args=(world, str(store), str(tmp_path), *args), nprocs=world, join=True,
-                       start_method=start_method)
+    ranks = mp.start_processes(fn, args=(world, str(store), str(tmp_path), *args), nprocs=world, join=False,
+                               start_method=start_method)
+    # A hang guard, not a timing: ranks that are still running after this long (a few seconds is the norm) hang,
+    # and the test says so and which, instead of the whole CTest test timing out without a name.
+    hang_s = float(os.environ.get("LBBSP_TEST_HANG_S", "600"))
+    deadline = time.monotonic() + hang_s
+    while not ranks.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            alive = [r for r, p in enumerate(ranks.processes) if p.is_alive()]
+            for p in ranks.processes:
+                p.kill()
+            pytest.fail(f"{fn.__name__}: ranks {alive} of {world} still running after {hang_s:.0f} s "
+                        "(LBBSP_TEST_HANG_S): a hang")
 
 
 def fixed_metrics():
@@ -258,6 +269,44 @@ def test_slowed_rank_gets_fewer_samples(tmp_path):
     sizes = np.load(tmp_path / "slow.npy")
     assert sizes.sum() == 64
     assert sizes[2] < 0.5 * min(sizes[0], sizes[1]), sizes
+
+
+# ---- every balancer and predictor of the C++ side runs through LoadBalancer, alike on every rank ----
+
+BALANCERS = [("bsp", "narx"), ("static:3", "narx"), ("random:4", "narx"), ("lbbsp-gpu", "narx"),
+             ("lbbsp-gpu-model", "narx")] + [("lbbsp-cpu", p) for p in ("narx", "arima", "ema", "last")]
+
+
+def _every_balancer_worker(rank, world, store, out):
+    init(rank, world, store)
+    got = {}
+    for balancer, predictor in BALANCERS:
+        lb = LoadBalancer(None, dataset_size=2000, global_batch=60, balancer=balancer, predictor=predictor,
+                          seed=2, monitor=fixed_metrics)
+        sizes = []
+        for g in range(30):
+            sizes.append(lb.batch_sizes.tolist())
+            lb.record_compute(1e-3 * lb.batch_sizes[rank] * (3.0 if rank == world - 1 else 1.0))  # last rank 3x
+            lb.step()
+        got[f"{balancer}/{predictor}"] = sizes
+    pickle.dump(got, open(os.path.join(out, f"every-{rank}.pkl"), "wb"))
+    finish()
+
+
+def test_every_balancer_runs_alike_on_every_rank(tmp_path):
+    spawn(_every_balancer_worker, 3, tmp_path)
+    got = [pickle.load(open(tmp_path / f"every-{r}.pkl", "rb")) for r in range(3)]
+    assert got[1] == got[0] and got[2] == got[0], "the ranks decided different sizes"
+    for name, sizes in got[0].items():
+        sizes = np.array(sizes)
+        assert (sizes.sum(axis=1) == 60).all() and (sizes >= 0).all(), (name, sizes)
+        last = sizes[-1]
+        if name.startswith("bsp"):
+            assert (sizes == 20).all(), (name, sizes)
+        elif name.startswith("random"):
+            assert len({tuple(s) for s in sizes}) > 10, (name, sizes)
+        else:  # every balancer that measures gives the rank 3x slower fewer samples than the others
+            assert last[2] < 0.6 * min(last[0], last[1]), (name, sizes[-5:])
 
 
 # ---- resume from state_dict continues identically ----
@@ -1324,3 +1373,12 @@ def test_example_trainer_resumes_at_another_world_size(tmp_path):
     assert "resumed at step 13 (epoch 1), saved by 3 ranks, now 2" in second.stdout, second.stdout
     assert "epoch 1: test accuracy" in second.stdout and "checkpoint at step 20" in second.stdout, second.stdout
     assert "saved at 3 ranks and this run has 2" in second.stderr, second.stderr
+    # The same run without the stop: the resumed one trained on the same global batches (float32: other splits sum
+    # in another order, so equal to rounding; a resume that repeated or skipped a step would be ~1e-2 away).
+    full = subprocess.run(example[:-1] + [str(tmp_path / "full.pt"), "--spawn", "3"], capture_output=True, text=True)
+    assert full.returncode == 0, full.stdout + full.stderr
+    resumed, straight = (torch.load(f)["model"] for f in (ckpt, tmp_path / "full.pt"))
+    flat = [torch.cat([t.flatten() for t in m.values()]) for m in (resumed, straight)]
+    rel = (torch.linalg.norm(flat[0] - flat[1]) / torch.linalg.norm(flat[1])).item()
+    print(f"resumed at 2 ranks vs straight through at 3: relative difference {rel:.3g}")
+    assert rel < 1e-4, f"the resumed run's parameters are {rel:.3g} away from the run that did not stop"
