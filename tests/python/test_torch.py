@@ -86,6 +86,15 @@ def spawn(fn, world, tmp_path, *args, start_method="fork"):
                         "(LBBSP_TEST_HANG_S): a hang")
 
 
+def dump_rank(out, name, rank, result):
+    """A worker's result, one pickle per rank (read back with load_ranks)."""
+    pickle.dump(result, open(os.path.join(out, f"{name}-{rank}.pkl"), "wb"))
+
+
+def load_ranks(tmp_path, name, world):
+    return [pickle.load(open(tmp_path / f"{name}-{r}.pkl", "rb")) for r in range(world)]
+
+
 def fixed_metrics():
     return [1.0, 0.5, 0.0]
 
@@ -289,13 +298,13 @@ def _every_balancer_worker(rank, world, store, out):
             lb.record_compute(1e-3 * lb.batch_sizes[rank] * (3.0 if rank == world - 1 else 1.0))  # last rank 3x
             lb.step()
         got[f"{balancer}/{predictor}"] = sizes
-    pickle.dump(got, open(os.path.join(out, f"every-{rank}.pkl"), "wb"))
+    dump_rank(out, "every", rank, got)
     finish()
 
 
 def test_every_balancer_runs_alike_on_every_rank(tmp_path):
     spawn(_every_balancer_worker, 3, tmp_path)
-    got = [pickle.load(open(tmp_path / f"every-{r}.pkl", "rb")) for r in range(3)]
+    got = load_ranks(tmp_path, "every", 3)
     assert got[1] == got[0] and got[2] == got[0], "the ranks decided different sizes"
     for name, sizes in got[0].items():
         sizes = np.array(sizes)
@@ -468,16 +477,17 @@ def _mismatch_worker(rank, world, store, out):
             messages[name] = "built"
         except ValueError as e:
             messages[name] = str(e)
-    pickle.dump(messages, open(os.path.join(out, f"mismatch-{rank}.pkl"), "wb"))
+    dump_rank(out, "mismatch", rank, messages)
     finish()
 
 
 def test_ranks_built_alike_or_every_rank_raises(tmp_path):
     spawn(_mismatch_worker, 4, tmp_path)
-    got = [pickle.load(open(tmp_path / f"mismatch-{r}.pkl", "rb")) for r in range(4)]
+    got = load_ranks(tmp_path, "mismatch", 4)
     assert got[0] == got[1] and got[2] == got[3], "the ranks of one group said different things"
     m = got[0]
-    assert {k: v for k, v in got[2].items() if k != "model_group"} == {k: v for k, v in m.items() if k != "model_group"}
+    same = [{k: v for k, v in g.items() if k != "model_group"} for g in (m, got[2])]  # that one names the pair
+    assert same[0] == same[1]
     assert m["shard"].startswith("LoadBalancer: the ranks were built with different dataset_size: 240 on ranks 0, "
                                  "2, 3; 60 on rank 1. Every rank must pass the same dataset_size (the whole "
                                  "dataset's size"), m["shard"]
@@ -1066,14 +1076,14 @@ def _dcp_worker(rank, world, store, out, phase):
     result["resumed_params"] = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
     result["warnings"] = [str(w.message) for w in caught]
     np.save(os.path.join(out, f"dcp-{phase}-{rank}.npy"), result["resumed_params"])
-    pickle.dump(result, open(os.path.join(out, f"dcp-{phase}-{rank}.pkl"), "wb"))
+    dump_rank(out, f"dcp-{phase}", rank, result)
     finish()
 
 
 @pytest.mark.skipif(not TORCH2, reason="torch.distributed.checkpoint's save/load are PyTorch 2.x (python.torch2)")
 def test_distributed_checkpoint_saves_and_loads_the_state(tmp_path):
     spawn(_dcp_worker, 3, tmp_path, "save")
-    got = [pickle.load(open(tmp_path / f"dcp-save-{r}.pkl", "rb")) for r in range(3)]
+    got = load_ranks(tmp_path, "dcp-save", 3)
     for g in got:
         assert g["resumed_at"] == 7 and g["warnings"] == [], (g["resumed_at"], g["warnings"])
         assert g["resumed"] == g["through"] == got[0]["through"], "the resumed run decided other sizes"
@@ -1162,7 +1172,7 @@ def test_ranks_using_another_batch_vector_are_named(tmp_path):
 
 def test_ranks_are_named_by_their_global_rank_in_a_subgroup(tmp_path):
     spawn(_diverged_worker, 4, tmp_path, 3)
-    msgs = [pickle.load(open(tmp_path / f"diverged-{r}.pkl", "rb")) for r in range(4)]
+    msgs = load_ranks(tmp_path, "diverged", 4)
     assert msgs[:2] == ["finished", "finished"], msgs
     for msg in msgs[2:]:
         assert msg.startswith("LoadBalancer: step 4: the ranks used different batch vectors: rank 2 (checksum "), msg

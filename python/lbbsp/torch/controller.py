@@ -145,7 +145,7 @@ class LoadBalancer:
             "dataset_size": self.dataset_size, "global_batch": self.global_batch, "seed": self.seed,
             "balancer": balancer, "predictor": predictor, "min_batch": min_batch, "lag": lag,
             "micro_batches": self.micro_batches, "model": type(model).__name__ if model is not None else None,
-            "model_group": model_ranks if model is not None else None})
+            "model_group": model_ranks})
         if model_ranks != self._ranks:  # the same on every rank of the group (checked just above)
             raise ValueError(f"LoadBalancer: the DDP model reduces its gradients over ranks {model_ranks} but "
                              f"process_group balances over ranks {self._ranks}: pass the DDP model's process_group "
