@@ -9,6 +9,7 @@
 # --pairs N: N runs each of DDP + lbbsp and its oracle per placement, alternated (the first N-1 extra after the
 #   main table's), and a table of lbbsp's ratio to its oracle pair by pair with the median: on a noisy machine one
 #   pair moves several %.
+# Last, with no straggler, lbbsp-cpu against the equal split (--pairs N alternated pairs): it should keep the split.
 # --dry-run: 2 ranks, 12 iterations, no accuracy target (checks that everything runs, measures nothing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,6 +63,14 @@ done
 for ((pair = 2; pair <= PAIRS; pair++)); do
   for v in "${variants[@]}"; do lbbsp_and_oracle "${v%%:*}" "${v#*:}" "-$pair"; done
 done
+# No straggler: lbbsp-cpu against the equal split it should keep (every rank's modelled cost alike), alternated.
+for ((pair = 1; pair <= PAIRS; pair++)); do
+  for b in bsp lbbsp-cpu; do
+    echo "== DDP + lbbsp $b, no straggler, pair $pair"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R \
+      --balancer $b --predictor narx --straggle 1 --cost-slope $SLOPE --summary-json "$OUT/even-$b-$pair.json" |
+      tail -1
+  done
+done
 for b in lbbsp-cpu oracle; do
   echo "== lbbsp train $b"
   mpirun -n $R --oversubscribe --bind-to none "$LBBSP" train "${common[@]}" --balancer $b --predictor narx \
@@ -101,6 +110,16 @@ for name in ("forward", "load", "after-backward", "loader"):
 lo = load("lbbsp-oracle")["mean_iteration_s"]
 row("lbbsp train lbbsp-cpu/narx", load("lbbsp-lbbsp-cpu"), 0, lo)
 row("lbbsp train oracle", load("lbbsp-oracle"), 0, lo)
+print(f"\nNo straggler (`--straggle 1`): lbbsp-cpu against the equal split, {pairs} alternated pair(s); the split's "
+      "distance from equal in samples (the largest over the run, and the mean over steps of the largest rank's):\n")
+print("| pair | equal split | lbbsp-cpu | equal / lbbsp-cpu | largest distance | mean distance |\n|---|---:|---:|---:|---:|---:|")
+for p in range(1, pairs + 1):
+    even, mine = load(f"even-bsp-{p}"), load(f"even-lbbsp-cpu-{p}")
+    share = X / len(mine["final_batch_sizes"])
+    dist = [max(abs(b - share) for b in v) for v in mine["batch_sizes"]]
+    print(f"| {p} | {even['mean_iteration_s'] * 1e3:.1f} ms | {mine['mean_iteration_s'] * 1e3:.1f} ms | "
+          f"{even['mean_iteration_s'] / mine['mean_iteration_s']:.3f} | {max(dist):.0f} of {share:.0f} | "
+          f"{sum(dist) / len(dist):.1f} |")
 if pairs > 1:
     print(f"\nDDP + lbbsp against its oracle, {pairs} alternated pairs (mean iteration of the oracle / of lbbsp):\n")
     print("| placement | pair by pair | median |\n|---|---|---:|")
