@@ -195,6 +195,18 @@ void write_common_attrs(hid_t file, const std::string& source, const std::vector
   h5::write_string_attr(root, "layout", "images uint8 (N,...) raw pixels 0..255; labels uint8 (N)");
 }
 
+// The temporary file an output is written to before its rename, in the output's folder, created if missing.
+std::string temporary_output(const std::string& out_path) {
+  const auto folder = std::filesystem::path(out_path).parent_path();
+  std::error_code ec;
+  if (!folder.empty()) std::filesystem::create_directories(folder, ec);
+  if (ec) {
+    throw std::runtime_error("cannot create the folder '" + folder.string() + "' for '" + out_path +
+                             "': " + ec.message() + " (choose another --out)");
+  }
+  return out_path + ".tmp";
+}
+
 }  // namespace
 
 std::pair<int64_t, int64_t> import_fashion_mnist(const std::string& src_dir, const std::string& out_path) {
@@ -224,7 +236,7 @@ std::pair<int64_t, int64_t> import_fashion_mnist(const std::string& src_dir, con
     }
     img_dims.push_back({di[0], di[1], di[2]});
   }
-  auto tmp = out_path + ".tmp";
+  auto tmp = temporary_output(out_path);
   {
     h5::Handle f = h5::create_file(tmp);
     write_split(f, "train", imgs[0], labs[0], img_dims[0]);
@@ -269,7 +281,7 @@ void write_synthetic(int64_t samples, int features, int classes, uint64_t seed, 
   make(test_samples, xte, yte);
   std::vector<std::string> names;
   for (int c = 0; c < classes; ++c) names.push_back("class" + std::to_string(c));
-  auto tmp = out_path + ".tmp";
+  auto tmp = temporary_output(out_path);
   {
     h5::Handle f = h5::create_file(tmp);
     // A perfect-square feature count is stored as a square image, so the CNN can train on it too.

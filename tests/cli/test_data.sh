@@ -20,6 +20,8 @@ print("fashion-mnist HDF5 layout ok")
 PY
 
 "$LBBSP" data synth --samples 500 --features 20 --classes 3 --seed 5 --out "$SCRATCH/s.h5"
+"$LBBSP" data synth --samples 50 --features 4 --classes 2 --out "$SCRATCH/new/folder/n.h5"  # folders created
+[[ -f $SCRATCH/new/folder/n.h5 ]] || fail "synth into a missing folder wrote nothing"
 /usr/bin/python3 - "$SCRATCH/s.h5" <<'PY'
 import sys, h5py
 f = h5py.File(sys.argv[1], "r")
@@ -37,6 +39,8 @@ cp $SRC/train-labels-idx1-ubyte.gz "$SCRATCH/bad/train-images-idx3-ubyte.gz"
 expect_fail "train-images-idx3-ubyte.gz.*bad magic" "$LBBSP" data import-fashion-mnist --src "$SCRATCH/bad" --out "$SCRATCH/x.h5"
 expect_fail "no 'train-images-idx3-ubyte\[.gz\]' in '/nonexistent'" "$LBBSP" data import-fashion-mnist --src /nonexistent --out "$SCRATCH/x.h5"
 [[ ! -e $SCRATCH/x.h5 ]] || fail "a failed import left an output file"
+touch "$SCRATCH/plainfile"
+expect_fail "cannot create the folder '$SCRATCH/plainfile/sub'" "$LBBSP" data synth --samples 10 --features 4 --classes 2 --out "$SCRATCH/plainfile/sub/z.h5"
 expect_fail "classes" "$LBBSP" data synth --samples 10 --features 4 --classes 1 --out "$SCRATCH/y.h5"
 
 # Training on broken datasets.
