@@ -620,8 +620,11 @@ def _where_worker(rank, world, store, out, where):
     for xb, yb in loader:
         loss = lb.scale(F.cross_entropy(model(xb), yb))
         loss.backward()
-        if where == "after_backward":
+        if where.startswith("after_backward"):
             time.sleep(len(xb) * cost)
+        if where == "after_backward_logged":  # the fast ranks wait here for the slow one: not their work
+            with lb.untimed():
+                dist.all_reduce(loss.detach().clone())
         opt.step()
         opt.zero_grad()
         lb.step()
@@ -630,8 +633,10 @@ def _where_worker(rank, world, store, out, where):
     finish()
 
 
-@pytest.mark.parametrize("where", ["load", "forward", "after_backward"])
+@pytest.mark.parametrize("where", ["load", "forward", "after_backward", "after_backward_logged"])
 def test_rank_slowed_anywhere_in_the_step_gets_fewer_samples(tmp_path, where):
+    """after_backward_logged: a logging all_reduce of the user's own after the slow part, in lb.untimed() as
+    docs/torch.md says (without it the fast ranks' wait there counts as their work and they look as slow)."""
     spawn(_where_worker, 3, tmp_path, where)
     sizes = np.load(tmp_path / f"where-{where}.npy")
     assert sizes.sum() == 64
@@ -1239,6 +1244,13 @@ def _accumulate_worker(rank, world, store, out, steps):
         opt.step()
         opt.zero_grad()
         lb.step()
+    try:  # the same without count: each micro-batch's mean weighted by the whole slice, refused
+        with model.no_sync():
+            lb.scale(F.cross_entropy(model(x[:2]), y[:2]))
+        wrong = None
+    except ValueError as e:
+        wrong = str(e)
+    assert wrong is not None and "no_sync()" in wrong and "count=len(y)" in wrong, wrong
     np.save(os.path.join(out, f"acc-{rank}.npy"), torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy())
     finish()
 

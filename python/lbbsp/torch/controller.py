@@ -262,8 +262,10 @@ class LoadBalancer:
         sizes = self.sizes_at(_positive_int(epoch, "epoch", 0) * self.steps_per_epoch + step)
         if self._plain_bn and not self._warned_bn and len(set(sizes.tolist())) > 1:
             warnings.warn("LoadBalancer: the model has plain BatchNorm layers and the ranks' batch sizes differ: "
-                          "each rank normalises over its own batch (a rank with 1 sample cannot). Use "
-                          "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model), which weights by count.")
+                          "each rank normalises over its own batch (a rank with 1 sample cannot). On GPUs use "
+                          "torch.nn.SyncBatchNorm.convert_sync_batchnorm(model), which weights by count; on the CPU "
+                          "(where PyTorch's SyncBatchNorm does not run) GroupNorm or LayerNorm, or a min_batch that "
+                          "every rank's statistics can live with.")
             self._warned_bn = True
         return lbbsp.rank_indices(self.permutation(epoch), step, sizes, self.rank)
 
@@ -276,7 +278,9 @@ class LoadBalancer:
         count / global_batch; with 0 samples (a mean of nothing, NaN) the result is 0 with a zero gradient.
         ``reduction="sum"``: ``loss`` is the sum over the rank's samples and is divided by global_batch.
         Terms that depend on parameters only (an L2 penalty) belong inside: ``lb.scale(mean_loss + l2)`` weights
-        them n_r / X on each rank, which sums to one over the ranks; outside, every rank adds them in full."""
+        them n_r / X on each rank, which sums to one over the ranks; outside, every rank adds them in full.
+        A mean loss inside ``ddp_model.no_sync()`` without ``count`` (and ``micro_batches=1``) raises: there it is
+        a micro-batch's, and the whole slice's count would weight it too much."""
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise ValueError("LoadBalancer.scale: loss must be a scalar tensor (reduce it first: the mean or the "
                              f"sum over this rank's samples), got {type(loss).__name__}"
@@ -291,6 +295,7 @@ class LoadBalancer:
         elif self.micro_batches > 1:
             n = self.micro_sizes()[self._micro]
         else:
+            self._refuse_unsplit_accumulation(reduction)
             n = int(self._sizes[self._step][self.rank])
         self._scaled_step = self._step
         self._micro += 1
@@ -299,6 +304,18 @@ class LoadBalancer:
         if n == 0:
             return torch.nan_to_num(loss * 0.0, nan=0.0, posinf=0.0, neginf=0.0)
         return loss * (n / self.global_batch)
+
+    def _refuse_unsplit_accumulation(self, reduction: str) -> None:
+        """A mean loss scaled inside the DDP model's no_sync() is a micro-batch's (manual accumulation): weighted
+        by the whole slice's count once per micro-batch, the step's gradients would come out too large."""
+        if reduction != "mean" or getattr(self._model, "require_backward_grad_sync", True):
+            return
+        raise ValueError(f"LoadBalancer.scale: step {self._step}: a mean loss inside the DDP model's no_sync() "
+                         "(gradient accumulation) with micro_batches=1 and no count would be weighted by this "
+                         f"rank's whole slice ({int(self._sizes[self._step][self.rank])} samples) once per "
+                         "micro-batch. Pass the micro-batch's size, lb.scale(loss, count=len(y)), or build the "
+                         "LoadBalancer with micro_batches=A and read the micro-batches from lb.data_loader(); "
+                         "for a loss over the whole slice pass count=int(lb.batch_sizes[lb.rank])")
 
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:
