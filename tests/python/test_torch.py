@@ -853,7 +853,8 @@ def _h5_worker(rank, world, store, out, phase, stop):
                                                    .__next__())),
                            ("past_step", lambda: lb.indices(0, 0)),
                            ("lag", lambda: lb.data_loader(ds, num_workers=2, prefetch_factor=2)),
-                           ("iterable", lambda: lb.data_loader(_Stream()))):
+                           ("iterable", lambda: lb.data_loader(_Stream())),
+                           ("length", lambda: lb.data_loader(torch.utils.data.Subset(ds, range(len(ds) - 1))))):
             try:
                 call()
                 errors[name] = "no error"
@@ -885,6 +886,8 @@ def test_h5_dataloader_workers_resume_equals_one_process(tmp_path):
     assert "step 0 of epoch 0 is past: the run is at step 13" in errors["past_step"], errors
     assert "reads 4 batches ahead" in errors["lag"] and "lag=4" in errors["lag"], errors
     assert "an IterableDataset yields samples in its own order" in errors["iterable"], errors
+    assert f"the dataset has {N - 1} samples but this LoadBalancer was built with dataset_size={N}" in \
+        errors["length"], errors
     ref = one_process(20, 24, seed=4, mean=True)
     for r in range(2):
         rel = np.linalg.norm(resumed[r]["params"] - ref) / np.linalg.norm(ref)

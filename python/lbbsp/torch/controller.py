@@ -601,6 +601,7 @@ class LoadBalancer:
             raise TypeError("LoadBalancer.data_loader: an IterableDataset yields samples in its own order, so no "
                             "rank can be handed the indices of its share; use a map-style Dataset (__getitem__ "
                             "and __len__), or draw each step's samples from lb.indices(epoch, step) yourself")
+        self._check_length(dataset)
         need = required_lag(num_workers, prefetch_factor, self.micro_batches)
         if need > self.lag and self._auto_lag and not self._stepped and not self._exchange.launched(self._step):
             self._raise_lag(need)
@@ -622,6 +623,19 @@ class LoadBalancer:
                                            **kwargs)
 
     # ---- internals ----
+
+    def _check_length(self, dataset: Any) -> None:
+        """A dataset of another length than dataset_size: indices past its end fail in a worker, or its tail is
+        never read (a silent subset)."""
+        try:
+            size = len(dataset)
+        except TypeError:  # no __len__: the indices are all it gets
+            return
+        if size != self.dataset_size:
+            raise ValueError(f"LoadBalancer.data_loader: the dataset has {size} samples but this LoadBalancer was "
+                             f"built with dataset_size={self.dataset_size}: pass dataset_size=len(dataset) (the "
+                             "whole dataset, the same on every rank), or wrap the part to train on in "
+                             "torch.utils.data.Subset")
 
     def _raise_lag(self, lag: int) -> None:
         """Before the first step here: decide ``lag`` steps ahead; the steps not decided yet repeat the last
