@@ -894,6 +894,26 @@ def test_h5_dataloader_workers_resume_equals_one_process(tmp_path):
         assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"
 
 
+def _forgot_step_worker(rank, world, store, out):
+    init(rank, world, store)
+    x, y = data()
+    model = DDP(make_model())
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, seed=1, monitor=fixed_metrics)
+    error = None
+    try:  # the loop without lb.step(): the sampler cannot hand out step 1
+        for xb, yb in lb.data_loader(torch.utils.data.TensorDataset(x, y)):
+            lb.scale(F.cross_entropy(model(xb), yb)).backward()
+    except RuntimeError as e:
+        error = str(e)
+    dump_rank(out, "forgot", rank, error)
+    finish()
+
+
+def test_a_loop_without_step_says_so(tmp_path):
+    spawn(_forgot_step_worker, 2, tmp_path)
+    for error in load_ranks(tmp_path, "forgot", 2):
+        assert error is not None and "step 0's backward has run but lb.step() has not" in error, error
+
 # ---- an exception on a non-zero rank in step() ends every rank, naming it ----
 
 

@@ -229,11 +229,13 @@ class LoadBalancer:
                                    f"{self._step} ({self._where(self._step)}); continue from lb.global_step "
                                    "(a sampler from lb.batch_sampler() starts there by itself)")
             known = sorted(self._sizes)
+            why = (f"step {self._step}'s backward has run but lb.step() has not: call lb.step() once per step, "
+                   "after opt.step()" if self._exchange.launched(self._step) else
+                   "a DataLoader prefetching P batches ahead needs lag >= P (num_workers * prefetch_factor: "
+                   "lbbsp.torch.required_lag)")
             raise RuntimeError(f"LoadBalancer: the sizes of step {step} of epoch {epoch} (global step "
                                f"{global_step}) are not decided yet: the run is at step {self._step} and decides "
-                               f"lag={self.lag} steps ahead (known: steps {known[0]}..{known[-1]}); a DataLoader "
-                               "prefetching P batches ahead needs lag >= P (num_workers * prefetch_factor: "
-                               "lbbsp.torch.required_lag)")
+                               f"lag={self.lag} steps ahead (known: steps {known[0]}..{known[-1]}); {why}")
         return self._sizes[global_step].copy()
 
     def permutation(self, epoch: int) -> np.ndarray:
