@@ -13,6 +13,7 @@ import os
 import pickle
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -548,7 +549,6 @@ def test_hung_rank_is_named_and_others_stop(tmp_path):
 
 
 def _batchnorm_worker(rank, world, store, out):
-    import warnings
     init(rank, world, store)
     x, y = data()
     torch.manual_seed(0)
@@ -913,6 +913,35 @@ def test_a_loop_without_step_says_so(tmp_path):
     spawn(_forgot_step_worker, 2, tmp_path)
     for error in load_ranks(tmp_path, "forgot", 2):
         assert error is not None and "step 0's backward has run but lb.step() has not" in error, error
+
+def _own_loader_worker(rank, world, store, out):
+    init(rank, world, store)
+    x, y = data()
+    model = DDP(make_model())
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=1, monitor=fixed_metrics)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ds = torch.utils.data.TensorDataset(x, y)
+    own = torch.utils.data.DataLoader(ds, batch_size=12, sampler=torch.utils.data.DistributedSampler(ds))
+    seen = {}
+    for name, loader in (("balanced", lb.data_loader(ds)), ("own", own)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _, (xb, yb) in zip(range(4), loader):
+                lb.scale(F.cross_entropy(model(xb), yb)).backward()
+                opt.step()
+                opt.zero_grad()
+                lb.step()
+        seen[name] = [str(w.message) for w in caught if "rows in its first input" in str(w.message)]
+    dump_rank(out, "own", rank, seen)
+    finish()
+
+
+def test_batches_not_from_the_balancer_are_warned_about(tmp_path):
+    spawn(_own_loader_worker, 2, tmp_path)
+    for seen in load_ranks(tmp_path, "own", 2):
+        assert seen["balanced"] == [], seen
+        assert len(seen["own"]) == 1 and "had 12 rows in its first input" in seen["own"][0], seen
+
 
 # ---- an exception on a non-zero rank in step() ends every rank, naming it ----
 

@@ -4,7 +4,7 @@ import contextlib
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -57,8 +57,10 @@ class LoadBalancer:
         monitor: a callable returning this rank's [cpu_avail, mem_avail, load] for the step just done
             (default: ResourceMonitor().sample, from /proc as the C++ runtime measures them).
         check_loss: warn (once) when a backward pass reaches the gradient allreduce in a step in which
-            ``scale()`` was not called: an unscaled mean loss gives wrong gradients. False if the loss is
-            already scaled by hand (a sum over the rank's samples divided by ``global_batch``).
+            ``scale()`` was not called: an unscaled mean loss gives wrong gradients; and (once) when ``scale()``
+            without ``count`` follows a forward whose first input has another number of rows than this rank's
+            slice (batches not read through this balancer's sampler). False if the loss is already scaled by
+            hand (a sum over the rank's samples divided by ``global_batch``).
         micro_batches: gradient accumulation: each step's slice of this rank is cut into this many micro-batches
             (``micro_sizes()``, sizes differing by at most one, some possibly empty), which the batch sampler
             yields one by one; ``scale()`` called once per micro-batch weights each by its own size, and a step
@@ -183,6 +185,14 @@ class LoadBalancer:
                                    "was called on it): LB-BSP needs its own, which sums the gradients and carries "
                                    "the reports; build the LoadBalancer on a DDP model without one (gradient "
                                    f"compression hooks are not supported). PyTorch: {e}") from e
+            if check_loss:
+                def note_rows(module: torch.nn.Module, args: Tuple[Any, ...]) -> None:
+                    lb = me()
+                    if lb is not None:
+                        lb._rows = args[0].shape[0] if args and torch.is_tensor(args[0]) and args[0].dim() else None
+                model.register_forward_pre_hook(note_rows)
+        self._rows: Optional[int] = None  # the first input's rows in the model's last forward
+        self._warned_rows = False
         self._restart_clock()
 
     # ---- what a training loop asks for ----
@@ -299,6 +309,8 @@ class LoadBalancer:
         else:
             self._refuse_unsplit_accumulation(reduction)
             n = int(self._sizes[self._step][self.rank])
+        if count is None and reduction == "mean":
+            self._check_rows(n)
         self._scaled_step = self._step
         self._micro += 1
         if reduction == "sum":
@@ -306,6 +318,18 @@ class LoadBalancer:
         if n == 0:
             return torch.nan_to_num(loss * 0.0, nan=0.0, posinf=0.0, neginf=0.0)
         return loss * (n / self.global_batch)
+
+    def _check_rows(self, n: int) -> None:
+        """Warns once where the forward before scale() saw another batch than the n samples it is weighted by."""
+        rows, self._rows = self._rows, None
+        if rows is None or rows == n or self._warned_rows or not self._check_loss:
+            return
+        self._warned_rows = True
+        warnings.warn(f"LoadBalancer.scale: step {self._step}: the model's last forward had {rows} rows in its "
+                      f"first input but this rank's share is {n} samples: read the batches through "
+                      "lb.data_loader() or lb.batch_sampler() (a DataLoader of your own with batch_size or a "
+                      "DistributedSampler does not follow the balancer, which then weights the loss wrongly). If "
+                      "the first input is not batch-first, pass count= to scale() (or check_loss=False)")
 
     def _refuse_unsplit_accumulation(self, reduction: str) -> None:
         """A mean loss scaled inside the DDP model's no_sync() is a micro-batch's (manual accumulation): weighted
