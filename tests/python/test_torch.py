@@ -914,6 +914,7 @@ def test_a_loop_without_step_says_so(tmp_path):
     for error in load_ranks(tmp_path, "forgot", 2):
         assert error is not None and "step 0's backward has run but lb.step() has not" in error, error
 
+
 def _own_loader_worker(rank, world, store, out):
     init(rank, world, store)
     x, y = data()
