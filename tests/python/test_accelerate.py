@@ -3,7 +3,6 @@ random balancer that gives zero-size slices equals one process on the same globa
 continue with the same sizes. Runs where accelerate is installed (python.torch2's venv)."""
 
 import os
-import pickle
 import sys
 
 import numpy as np
@@ -15,7 +14,7 @@ accelerate = pytest.importorskip("accelerate", reason="accelerate is not install
 
 import lbbsp.accelerate  # noqa: E402
 from test_torch import (assert_random5_equals_one_process, data, fixed_metrics, make_model,  # noqa: E402
-                        one_process, synth_images)
+                        one_process, read_pickle, synth_images, write_pickle)
 
 
 class Recorder:
@@ -77,8 +76,8 @@ def _worker(out, stop, resume):
         acc.save_state(os.path.join(out, "state"))
     rank = acc.process_index
     params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
-    pickle.dump({"params": params, "sizes": sizes, "micro": micro, "logged": recorder.logged},
-                open(os.path.join(out, f"acc-{rank}-{int(resume)}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"acc-{rank}-{int(resume)}.pkl"),
+                 {"params": params, "sizes": sizes, "micro": micro, "logged": recorder.logged})
     acc.wait_for_everyone()
     sys.stdout.flush()
     os._exit(0)  # no interpreter shutdown: PyTorch issue 117762 (see test_torch.finish)
@@ -125,7 +124,7 @@ def _bf16_worker(out):
             acc.backward(loss)
             opt.step()
             opt.zero_grad()
-    pickle.dump({"sizes": sizes, "losses": losses, "dtypes": dtypes}, open(os.path.join(out, f"bf16-{acc.process_index}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"bf16-{acc.process_index}.pkl"), {"sizes": sizes, "losses": losses, "dtypes": dtypes})
     acc.wait_for_everyone()
     sys.stdout.flush()
     os._exit(0)
@@ -144,8 +143,8 @@ def _compile_worker(out):
             opt.zero_grad()
     params = torch.cat([p.detach().flatten() for p in model.parameters()]).numpy()
     frames = torch._dynamo.utils.counters["frames"]["ok"]  # 0: it ran eagerly
-    pickle.dump({"params": params, "sizes": sizes, "frames": frames, "model": type(model).__name__},
-                open(os.path.join(out, f"compile-{acc.process_index}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"compile-{acc.process_index}.pkl"),
+                 {"params": params, "sizes": sizes, "frames": frames, "model": type(model).__name__})
     acc.wait_for_everyone()
     sys.stdout.flush()
     os._exit(0)
@@ -177,7 +176,7 @@ def _run(*args, cli=False, hostfile=None, processes=3):
 def _launch(out, stop=-1, resume=False):
     run = _run("exact", out, stop, int(resume))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return [pickle.load(open(out / f"acc-{r}-{int(resume)}.pkl", "rb")) for r in range(3)]
+    return [read_pickle(out / f"acc-{r}-{int(resume)}.pkl") for r in range(3)]
 
 
 def test_accelerate_with_gradient_accumulation_equals_one_process_and_resumes(tmp_path):
@@ -209,7 +208,7 @@ def test_accelerate_launch_over_mpi_equals_one_process(tmp_path):
     hosts.write_text("localhost slots=2\n")
     run = _run("exact", tmp_path, -1, 0, hostfile=hosts, processes=2)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    got = [pickle.load(open(tmp_path / f"acc-{r}-0.pkl", "rb")) for r in range(2)]
+    got = [read_pickle(tmp_path / f"acc-{r}-0.pkl") for r in range(2)]
     assert_random5_equals_one_process(got, np.array(got[0]["sizes"]), world=2, global_batch=16)
 
 
@@ -234,7 +233,7 @@ def test_accelerate_hung_rank_ends_the_job_naming_it(tmp_path):
 def test_accelerate_bf16_agrees_on_every_rank_and_learns(tmp_path):
     run = _run("bf16", tmp_path, cli=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    got = [pickle.load(open(tmp_path / f"bf16-{r}.pkl", "rb")) for r in range(3)]
+    got = [read_pickle(tmp_path / f"bf16-{r}.pkl") for r in range(3)]
     assert all(g["dtypes"] == {"torch.bfloat16"} for g in got), [g["dtypes"] for g in got]  # under autocast
     assert all(len(g["sizes"]) == 30 and g["sizes"] == got[0]["sizes"] for g in got), "the ranks' sizes differ"
     losses = [np.nanmean([g["losses"][i] for g in got]) for i in range(30)]  # a 0-sample rank's mean is NaN
@@ -259,7 +258,7 @@ def test_accelerate_compiled_model_equals_one_process(tmp_path):
     one, every rank equal to one process."""
     run = _run("compile", tmp_path, cli=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    got = [pickle.load(open(tmp_path / f"compile-{r}.pkl", "rb")) for r in range(3)]
+    got = [read_pickle(tmp_path / f"compile-{r}.pkl") for r in range(3)]
     assert all(g["frames"] > 0 and g["model"] == "OptimizedModule" for g in got), \
         [(g["frames"], g["model"]) for g in got]
     assert_random5_equals_one_process(got, np.array(got[0]["sizes"]))

@@ -7,7 +7,6 @@ process's imports (torch, lightning, torch._dynamo, ~6 s of CPU per spawned rank
 script launcher's test start them as users do."""
 
 import os
-import pickle
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ pl = pytest.importorskip("lightning.pytorch", reason="lightning is not installed
 
 from lbbsp.lightning import LoadBalancedDDP  # noqa: E402
 from test_torch import (CLASSES, assert_random5_equals_one_process, data, fixed_metrics, make_model,  # noqa: E402
-                        one_process, synth_images)
+                        one_process, read_pickle, synth_images, write_pickle)
 
 
 class Net(pl.LightningModule):
@@ -47,8 +46,8 @@ class Net(pl.LightningModule):
         rank = self.trainer.global_rank
         params = torch.cat([p.detach().flatten() for p in self.net.parameters()]).numpy()
         logged = sorted(k for k in self.trainer.callback_metrics if k.startswith("lbbsp/"))
-        pickle.dump({"params": params, "sizes": self.sizes, "logged": logged},
-                    open(os.path.join(self.out, f"lightning-{rank}.pkl"), "wb"))
+        write_pickle(os.path.join(self.out, f"lightning-{rank}.pkl"),
+                 {"params": params, "sizes": self.sizes, "logged": logged})
 
 
 class MicroNet(Net):
@@ -62,7 +61,7 @@ class MicroNet(Net):
 
     def on_train_end(self):
         super().on_train_end()
-        pickle.dump(self.micro, open(os.path.join(self.out, f"micro-{self.trainer.global_rank}.pkl"), "wb"))
+        write_pickle(os.path.join(self.out, f"micro-{self.trainer.global_rank}.pkl"), self.micro)
 
 
 def test_lightning_with_gradient_accumulation_equals_one_process(tmp_path):
@@ -71,8 +70,8 @@ def test_lightning_with_gradient_accumulation_equals_one_process(tmp_path):
                          accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(MicroNet(str(tmp_path)))
-    got = [pickle.load(open(tmp_path / f"lightning-{r}.pkl", "rb")) for r in range(3)]
-    micro = np.array([pickle.load(open(tmp_path / f"micro-{r}.pkl", "rb")) for r in range(3)])
+    got = [read_pickle(tmp_path / f"lightning-{r}.pkl") for r in range(3)]
+    micro = np.array([read_pickle(tmp_path / f"micro-{r}.pkl") for r in range(3)])
     assert micro.shape == (3, 40), micro.shape  # 20 steps x 2 micro-batches
     sizes = np.array(got[0]["sizes"])[::2]  # recorded at every micro-batch
     assert (micro[:, ::2] + micro[:, 1::2] == sizes.T).all(), (micro, sizes)
@@ -86,7 +85,7 @@ class CompiledNet(Net):
     def on_train_end(self):
         super().on_train_end()
         frames = torch._dynamo.utils.counters["frames"]["ok"]
-        pickle.dump(frames, open(os.path.join(self.out, f"frames-{self.trainer.global_rank}.pkl"), "wb"))
+        write_pickle(os.path.join(self.out, f"frames-{self.trainer.global_rank}.pkl"), frames)
 
 
 def test_lightning_compiled_module_equals_one_process(tmp_path):
@@ -97,8 +96,8 @@ def test_lightning_compiled_module_equals_one_process(tmp_path):
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(torch.compile(CompiledNet(str(tmp_path)), backend="aot_eager"))
-    got = [pickle.load(open(tmp_path / f"lightning-{r}.pkl", "rb")) for r in range(3)]
-    frames = [pickle.load(open(tmp_path / f"frames-{r}.pkl", "rb")) for r in range(3)]
+    got = [read_pickle(tmp_path / f"lightning-{r}.pkl") for r in range(3)]
+    frames = [read_pickle(tmp_path / f"frames-{r}.pkl") for r in range(3)]
     assert all(f > 0 for f in frames), f"dynamo compiled nothing: {frames}"
     assert_random5_equals_one_process(got, np.array(got[0]["sizes"]))
 
@@ -151,8 +150,8 @@ class Bf16Net(Net):
                                            batch_size=8, shuffle=True)
 
     def on_train_end(self):
-        pickle.dump({"sizes": self.sizes, "losses": self.losses, "dtypes": self.dtypes},
-                    open(os.path.join(self.out, f"bf16-{self.trainer.global_rank}.pkl"), "wb"))
+        write_pickle(os.path.join(self.out, f"bf16-{self.trainer.global_rank}.pkl"),
+                 {"sizes": self.sizes, "losses": self.losses, "dtypes": self.dtypes})
 
 
 def test_lightning_bf16_mixed_agrees_on_every_rank_and_learns(tmp_path):
@@ -161,7 +160,7 @@ def test_lightning_bf16_mixed_agrees_on_every_rank_and_learns(tmp_path):
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(Bf16Net(str(tmp_path)))
-    got = [pickle.load(open(tmp_path / f"bf16-{r}.pkl", "rb")) for r in range(3)]
+    got = [read_pickle(tmp_path / f"bf16-{r}.pkl") for r in range(3)]
     assert all(g["dtypes"] == {"torch.bfloat16"} for g in got), [g["dtypes"] for g in got]  # under autocast
     assert all(len(g["sizes"]) == 30 and g["sizes"] == got[0]["sizes"] for g in got), "the ranks' sizes differ"
     losses = [np.nanmean([g["losses"][i] for g in got]) for i in range(30)]  # a 0-sample rank's mean is NaN
@@ -180,7 +179,7 @@ def _fit(out, ckpt_path=None, **trainer_kwargs):
                   num_sanity_val_steps=0)
     kwargs.update(trainer_kwargs)
     pl.Trainer(**kwargs).fit(Net(str(out)), ckpt_path=ckpt_path)
-    return [pickle.load(open(out / f"lightning-{r}.pkl", "rb")) for r in range(3)]
+    return [read_pickle(out / f"lightning-{r}.pkl") for r in range(3)]
 
 
 def test_lightning_checkpoint_resumes_with_the_same_sizes(tmp_path):
@@ -222,7 +221,7 @@ def test_lightning_slowed_rank_gets_fewer_samples(tmp_path):
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0)
     trainer.fit(SlowNet(str(tmp_path)))
-    sizes = pickle.load(open(tmp_path / "lightning-0.pkl", "rb"))["sizes"][-1]
+    sizes = read_pickle(tmp_path / "lightning-0.pkl")["sizes"][-1]
     assert sum(sizes) == 64
     assert sizes[2] < 0.5 * min(sizes[0], sizes[1]), sizes
 
@@ -268,5 +267,5 @@ def test_lightning_script_launcher_equals_one_process(tmp_path):
     run = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    got = [pickle.load(open(tmp_path / f"lightning-{r}.pkl", "rb")) for r in range(3)]
+    got = [read_pickle(tmp_path / f"lightning-{r}.pkl") for r in range(3)]
     assert_random5_equals_one_process(got, np.array(got[0]["sizes"]))

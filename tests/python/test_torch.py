@@ -87,13 +87,23 @@ def spawn(fn, world, tmp_path, *args, start_method="fork"):
                         "(LBBSP_TEST_HANG_S): a hang")
 
 
+def write_pickle(path, obj):
+    with open(path, "wb") as f:
+        pickle.dump(obj, f)
+
+
+def read_pickle(path):
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
 def dump_rank(out, name, rank, result):
     """A worker's result, one pickle per rank (read back with load_ranks)."""
-    pickle.dump(result, open(os.path.join(out, f"{name}-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"{name}-{rank}.pkl"), result)
 
 
 def load_ranks(tmp_path, name, world):
-    return [pickle.load(open(tmp_path / f"{name}-{r}.pkl", "rb")) for r in range(world)]
+    return [read_pickle(tmp_path / f"{name}-{r}.pkl") for r in range(world)]
 
 
 def fixed_metrics():
@@ -130,7 +140,7 @@ def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, 
     paths = {"rides": lb._exchange.rides, "gathers": lb._exchange.gathers, "buffers": lb._exchange.buffers_made}
     if compile_backend is not None:  # frames dynamo compiled (else the model ran eagerly and proved nothing)
         paths["compiled"] = torch._dynamo.utils.counters["frames"]["ok"]
-    pickle.dump((sizes, paths), open(os.path.join(out, f"sizes-{world}-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"sizes-{world}-{rank}.pkl"), (sizes, paths))
     finish()
 
 
@@ -207,7 +217,7 @@ def test_exact_against_one_process(tmp_path, world, piggyback, lag):
     steps, X = 20, 24  # 10 steps per epoch: two epochs
     spawn(_exact_worker, world, tmp_path, steps, X, piggyback, lag)
     ref = one_process(steps, X)
-    got = [pickle.load(open(tmp_path / f"sizes-{world}-{r}.pkl", "rb")) for r in range(world)]
+    got = [read_pickle(tmp_path / f"sizes-{world}-{r}.pkl") for r in range(world)]
     sizes, paths = [g[0] for g in got], [g[1] for g in got]
     # Every step's reports went the way asked: a silent fall-back to the all-gather would cost a collective.
     want = {"rides": steps, "gathers": 0} if piggyback else {"rides": 0, "gathers": steps}
@@ -230,7 +240,7 @@ def test_ddp_options_keep_exactness(tmp_path, options):
     """DDP's options that users set (gradients as views of the buckets, a static graph, unused parameters searched,
     a bucket per parameter): the hook sees every bucket, the report rides in the last one, exact."""
     spawn(_exact_worker, 3, tmp_path, 20, 24, True, 0, None, options)
-    got = [pickle.load(open(tmp_path / f"sizes-3-{r}.pkl", "rb")) for r in range(3)]
+    got = [read_pickle(tmp_path / f"sizes-3-{r}.pkl") for r in range(3)]
     assert all(g[1]["rides"] == 20 and g[1]["gathers"] == 0 for g in got), [g[1] for g in got]
     assert all(g[0] == got[0][0] for g in got), "ranks disagree on the batch sizes"
     assert_equal_to_one_process(one_process(20, 24), [tmp_path / f"exact-3-{r}.npy" for r in range(3)])
@@ -239,7 +249,7 @@ def test_ddp_options_keep_exactness(tmp_path, options):
 def test_one_rank_is_one_process(tmp_path):
     """torchrun --nproc_per_node 1 (a first try, a debug run): the whole batch, the report riding, exact."""
     spawn(_exact_worker, 1, tmp_path, 20, 24)
-    sizes, paths = pickle.load(open(tmp_path / "sizes-1-0.pkl", "rb"))
+    sizes, paths = read_pickle(tmp_path / "sizes-1-0.pkl")
     assert sizes == [[24]] * 20 and paths["rides"] == 20, (sizes, paths)
     assert_equal_to_one_process(one_process(20, 24), [tmp_path / "exact-1-0.npy"])
 
@@ -250,7 +260,7 @@ def test_compiled_model_is_exact(tmp_path):
     step): the hook still sees every bucket, the reports ride in the last one, every rank equals one process."""
     steps, X = 20, 24
     spawn(_exact_worker, 3, tmp_path, steps, X, True, 0, "aot_eager")
-    got = [pickle.load(open(tmp_path / f"sizes-3-{r}.pkl", "rb")) for r in range(3)]
+    got = [read_pickle(tmp_path / f"sizes-3-{r}.pkl") for r in range(3)]
     assert all(g[1]["rides"] == steps and g[1]["gathers"] == 0 and g[1]["compiled"] > 0 for g in got), \
         [g[1] for g in got]
     assert all(g[0] == got[0][0] for g in got), "ranks disagree on the batch sizes"
@@ -342,16 +352,16 @@ def _resume_worker(rank, world, store, out, phase):
         if phase == "first" and g == 11 and rank == 0:
             torch.save(lb.state_dict(), os.path.join(out, "lb.pt"))
     if rank == 0:
-        pickle.dump(seen, open(os.path.join(out, f"resume-{phase}.pkl"), "wb"))
+        write_pickle(os.path.join(out, f"resume-{phase}.pkl"), seen)
     finish()
 
 
 def test_resume_continues_identically(tmp_path):
     spawn(_resume_worker, 2, tmp_path, "first")
-    first = pickle.load(open(tmp_path / "resume-first.pkl", "rb"))
+    first = read_pickle(tmp_path / "resume-first.pkl")
     for phase in ("resume", "resume_v2"):
         spawn(_resume_worker, 2, tmp_path, phase)
-        resumed = pickle.load(open(tmp_path / f"resume-{phase}.pkl", "rb"))
+        resumed = read_pickle(tmp_path / f"resume-{phase}.pkl")
         assert len(resumed) == 18
         assert first[12:] == resumed, phase
     assert first[-1][0] > first[-1][1], "the faster rank should carry more"
@@ -380,19 +390,19 @@ def _loader_worker(rank, world, store, out, lag, workers):
         result = got
     except RuntimeError as e:
         result = str(e)
-    pickle.dump(result, open(os.path.join(out, f"loader-{lag}-{workers}-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"loader-{lag}-{workers}-{rank}.pkl"), result)
     finish()
 
 
 def test_dataloader_with_workers_and_lag(tmp_path):
     spawn(_loader_worker, 2, tmp_path, 2, 2)  # 2 workers x prefetch 1 = 2 batches ahead: lag 2
-    counts = [pickle.load(open(tmp_path / f"loader-2-2-{r}.pkl", "rb")) for r in range(2)]
+    counts = [read_pickle(tmp_path / f"loader-2-2-{r}.pkl") for r in range(2)]
     assert all(isinstance(c, list) and len(c) == 20 for c in counts), counts
     assert all(a + b == 24 for a, b in zip(*counts))
     spawn(_loader_worker, 2, tmp_path, 1, 1)  # 1 worker: lag 1, as the issue asks
-    assert isinstance(pickle.load(open(tmp_path / "loader-1-1-0.pkl", "rb")), list)
+    assert isinstance(read_pickle(tmp_path / "loader-1-1-0.pkl"), list)
     spawn(_loader_worker, 2, tmp_path, 0, 2)  # prefetching past what is decided: a clear error
-    msg = pickle.load(open(tmp_path / "loader-0-2-0.pkl", "rb"))
+    msg = read_pickle(tmp_path / "loader-0-2-0.pkl")
     assert isinstance(msg, str) and "lag >= P" in msg, msg
 
 
@@ -435,13 +445,13 @@ def _bad_args_worker(rank, world, store, out):
         lb.indices(0, 10)
     except ValueError as e:
         messages["step"] = str(e)
-    pickle.dump(messages, open(os.path.join(out, f"bad-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"bad-{rank}.pkl"), messages)
     finish()
 
 
 def test_bad_arguments_raise_on_every_rank(tmp_path):
     spawn(_bad_args_worker, 2, tmp_path)
-    m0, m1 = (pickle.load(open(tmp_path / f"bad-{r}.pkl", "rb")) for r in range(2))
+    m0, m1 = (read_pickle(tmp_path / f"bad-{r}.pkl") for r in range(2))
     assert m0 == m1
     assert "unknown balancer 'fastest'" in m0["balancer"]
     assert "unknown predictor 'prophet'" in m0["predictor"]
@@ -521,7 +531,7 @@ def _hang_worker(rank, world, store, out):
         result = "finished"
     except RuntimeError as e:
         result = str(e)
-    pickle.dump((result, time.time() - t0), open(os.path.join(out, f"hang-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"hang-{rank}.pkl"), (result, time.time() - t0))
     os._exit(0)  # no destroy_process_group: the hung rank never joins
 
 
@@ -537,11 +547,11 @@ def test_hung_rank_is_named_and_others_stop(tmp_path):
     procs[2].join()
     for r in range(2):
         assert (tmp_path / f"hang-{r}.pkl").exists(), f"rank {r} did not stop"
-        msg, took = pickle.load(open(tmp_path / f"hang-{r}.pkl", "rb"))
+        msg, took = read_pickle(tmp_path / f"hang-{r}.pkl")
         assert msg.startswith("LoadBalancer: step 3"), msg
         assert took < 60, f"rank {r} took {took:.0f} s"
     for r in range(2):  # every rank that answers hears the same verdict
-        msg = pickle.load(open(tmp_path / f"hang-{r}.pkl", "rb"))[0]
+        msg = read_pickle(tmp_path / f"hang-{r}.pkl")[0]
         assert "not answering: rank 2 (" in msg, msg
 
 
@@ -565,14 +575,14 @@ def _batchnorm_worker(rank, world, store, out):
                 lb.record_compute(1e-3)
                 lb.step()
         counts[name] = [str(w.message) for w in caught if "BatchNorm" in str(w.message)]
-    pickle.dump(counts, open(os.path.join(out, f"bn-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"bn-{rank}.pkl"), counts)
     finish()
 
 
 def test_plain_batchnorm_warns_once(tmp_path):
     spawn(_batchnorm_worker, 2, tmp_path)
     for r in range(2):
-        counts = pickle.load(open(tmp_path / f"bn-{r}.pkl", "rb"))
+        counts = read_pickle(tmp_path / f"bn-{r}.pkl")
         assert len(counts["uneven"]) == 1 and "SyncBatchNorm" in counts["uneven"][0], counts
         assert counts["equal"] == [], counts
 
@@ -706,14 +716,14 @@ def _mean_worker(rank, world, store, out, steps, global_batch):
         lb.step()
     params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
     np.save(os.path.join(out, f"mean-{rank}.npy"), params)
-    pickle.dump(sizes, open(os.path.join(out, f"mean-sizes-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"mean-sizes-{rank}.pkl"), sizes)
     finish()
 
 
 def test_scaled_mean_loss_with_l2_equals_one_process(tmp_path):
     world, steps, X = 3, 20, 24
     spawn(_mean_worker, world, tmp_path, steps, X)
-    sizes = np.array(pickle.load(open(tmp_path / "mean-sizes-0.pkl", "rb")))
+    sizes = np.array(read_pickle(tmp_path / "mean-sizes-0.pkl"))
     assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
     ref = one_process(steps, X, l2=L2, mean=True)
     assert_equal_to_one_process(ref, [tmp_path / f"mean-{r}.npy" for r in range(world)])
@@ -763,14 +773,14 @@ def _loss_check_worker(rank, world, store, out):
         for _ in range(2):
             F.cross_entropy(model(x[:8]), y[:8]).backward()
     result["dropped"] = [str(w.message) for w in caught if "LoadBalancer" in str(w.message)]
-    pickle.dump(result, open(os.path.join(out, f"loss-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"loss-{rank}.pkl"), result)
     finish()
 
 
 def test_unscaled_mean_loss_warns_once(tmp_path):
     spawn(_loss_check_worker, 2, tmp_path)
     for r in range(2):
-        got = pickle.load(open(tmp_path / f"loss-{r}.pkl", "rb"))
+        got = read_pickle(tmp_path / f"loss-{r}.pkl")
         assert len(got["unscaled"]) == 1 and "reduction='mean'" in got["unscaled"][0], got
         assert got["scaled"] == got["sum"] == got["opted_out"] == [], got
         assert got["scaled-timed"] == ["DeprecationWarning"], got
@@ -864,7 +874,7 @@ def _h5_worker(rank, world, store, out, phase, stop):
     else:
         result["params"] = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
     loader = None  # persistent workers end here
-    pickle.dump(result, open(os.path.join(out, f"h5-{phase}-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"h5-{phase}-{rank}.pkl"), result)
     finish()
 
 
@@ -875,8 +885,8 @@ def test_h5_dataloader_workers_resume_equals_one_process(tmp_path):
         f["x"], f["y"] = x.numpy(), y.numpy()
     spawn(_h5_worker, 2, tmp_path, "first", 13)  # stops at step 3 of epoch 1 (10 steps per epoch)
     spawn(_h5_worker, 2, tmp_path, "resume", -1)
-    first = [pickle.load(open(tmp_path / f"h5-first-{r}.pkl", "rb")) for r in range(2)]
-    resumed = [pickle.load(open(tmp_path / f"h5-resume-{r}.pkl", "rb")) for r in range(2)]
+    first = [read_pickle(tmp_path / f"h5-first-{r}.pkl") for r in range(2)]
+    resumed = [read_pickle(tmp_path / f"h5-resume-{r}.pkl") for r in range(2)]
     assert first[0]["lengths"] == [10, 10] and resumed[0]["lengths"] == [7], (first[0], resumed[0])
     sizes = np.array(first[0]["sizes"] + resumed[0]["sizes"])
     assert sizes.shape == (20, 2) and (sizes.sum(axis=1) == 24).all()
@@ -969,7 +979,7 @@ def _failing_worker(rank, world, store, out, lag):
         result = str(e)
     took = time.time() - t0
     dist.barrier()  # every process stays alive until all have their answer: no rank ends by another's death
-    pickle.dump((result, took), open(os.path.join(out, f"fail-{lag}-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"fail-{lag}-{rank}.pkl"), (result, took))
     finish()
 
 
@@ -977,7 +987,7 @@ def _failing_worker(rank, world, store, out, lag):
 def test_error_on_nonzero_rank_ends_every_rank_naming_it(tmp_path, lag):
     spawn(_failing_worker, 3, tmp_path, lag)
     for r in range(3):
-        msg, took = pickle.load(open(tmp_path / f"fail-{lag}-{r}.pkl", "rb"))
+        msg, took = read_pickle(tmp_path / f"fail-{lag}-{r}.pkl")
         assert msg.startswith("LoadBalancer: step 3: rank 2 failed in its report: rank 2: OSError: sensor exploded"), msg
         assert took < 20, f"rank {r} took {took:.1f} s, more than timeout_s"
 
@@ -1067,18 +1077,18 @@ def _world_change_worker(rank, world, store, out, phase, stop):
                    os.path.join(out, "wc.pt"))
     params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
     np.save(os.path.join(out, f"wc-{phase}-{rank}.npy"), params)
-    pickle.dump({"state": pickle.dumps(state), "sizes": sizes, "warnings": [str(w.message) for w in caught]},
-                open(os.path.join(out, f"wc-{phase}-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"wc-{phase}-{rank}.pkl"),
+                 {"state": pickle.dumps(state), "sizes": sizes, "warnings": [str(w.message) for w in caught]})
     finish()
 
 
 def test_state_is_identical_everywhere_and_loads_at_another_world_size(tmp_path):
     spawn(_world_change_worker, 4, tmp_path, "first", 7)  # 10 steps per epoch: stops mid-epoch
     spawn(_world_change_worker, 3, tmp_path, "resume", 20)
-    first = [pickle.load(open(tmp_path / f"wc-first-{r}.pkl", "rb")) for r in range(4)]
+    first = [read_pickle(tmp_path / f"wc-first-{r}.pkl") for r in range(4)]
     assert all(f["state"] == first[0]["state"] for f in first), "state_dict() differs between ranks"
     assert pickle.loads(first[0]["state"])["step"] == 7
-    resumed = [pickle.load(open(tmp_path / f"wc-resume-{r}.pkl", "rb")) for r in range(3)]
+    resumed = [read_pickle(tmp_path / f"wc-resume-{r}.pkl") for r in range(3)]
     assert all(r["state"] == resumed[0]["state"] for r in resumed), "state_dict() differs between ranks"
     assert "saved at 4 ranks and this run has 3" in " ".join(resumed[0]["warnings"]), resumed[0]["warnings"]
     sizes = np.array(resumed[0]["sizes"])
@@ -1149,7 +1159,7 @@ def test_distributed_checkpoint_saves_and_loads_the_state(tmp_path):
     assert got[0]["through"][0] != [8, 8, 8], "still the equal split at step 7: a fresh balancer would match it"
     spawn(_dcp_worker, 2, tmp_path, "resume")  # the same checkpoint at 2 ranks
     for r in range(2):
-        g = pickle.load(open(tmp_path / f"dcp-resume-{r}.pkl", "rb"))
+        g = read_pickle(tmp_path / f"dcp-resume-{r}.pkl")
         assert g["resumed_at"] == 7 and "saved at 3 ranks and this run has 2" in " ".join(g["warnings"])
         assert len(g["resumed"]) == 7 and all(sum(s) == 24 for s in g["resumed"]), g["resumed"]
     ref = one_process(14, 24, mean=True, momentum=0.0)
@@ -1184,7 +1194,7 @@ def _no_wait_worker(rank, world, store, out, lag):
                 open(stepped, "w").close()
     except RuntimeError as e:
         result = str(e)
-    pickle.dump(result, open(os.path.join(out, f"nowait-{lag}-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"nowait-{lag}-{rank}.pkl"), result)
     finish()
 
 
@@ -1192,7 +1202,7 @@ def _no_wait_worker(rank, world, store, out, lag):
 def test_step_does_not_wait_for_work_after_backward(tmp_path, lag):
     spawn(_no_wait_worker, 2, tmp_path, lag)
     for r in range(2):
-        assert pickle.load(open(tmp_path / f"nowait-{lag}-{r}.pkl", "rb")) == "finished"
+        assert read_pickle(tmp_path / f"nowait-{lag}-{r}.pkl") == "finished"
 
 
 # ---- a rank that uses another batch vector is named on every rank ----
@@ -1216,14 +1226,14 @@ def _diverged_worker(rank, world, store, out, odd=1):
             lb.step()
     except RuntimeError as e:
         result = str(e)
-    pickle.dump(result, open(os.path.join(out, f"diverged-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"diverged-{rank}.pkl"), result)
     finish()
 
 
 def test_ranks_using_another_batch_vector_are_named(tmp_path):
     spawn(_diverged_worker, 3, tmp_path)
     for r in range(3):
-        msg = pickle.load(open(tmp_path / f"diverged-{r}.pkl", "rb"))
+        msg = read_pickle(tmp_path / f"diverged-{r}.pkl")
         assert msg.startswith("LoadBalancer: step 4: the ranks used different batch vectors: ranks 0, 2 "), msg
         assert "; rank 1 (checksum" in msg, msg
 
@@ -1258,13 +1268,13 @@ def _subgroup_worker(rank, world, store, out, steps):
         opt.zero_grad()
         lb.step()
     np.save(os.path.join(out, f"sub-{rank}.npy"), torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy())
-    pickle.dump((lb.rank, lb.world_size, sizes), open(os.path.join(out, f"sub-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"sub-{rank}.pkl"), (lb.rank, lb.world_size, sizes))
     finish()
 
 
 def test_data_parallel_subgroups_balance_on_their_own(tmp_path):
     spawn(_subgroup_worker, 4, tmp_path, 12)
-    got = [pickle.load(open(tmp_path / f"sub-{r}.pkl", "rb")) for r in range(4)]
+    got = [read_pickle(tmp_path / f"sub-{r}.pkl") for r in range(4)]
     assert [(g[0], g[1]) for g in got] == [(0, 2), (1, 2), (0, 2), (1, 2)]
     assert got[0][2] == got[1][2] and got[2][2] == got[3][2], "ranks of one group disagree on the sizes"
     assert got[0][2] != got[2][2], "the two groups were not balanced apart (random:5 and random:6)"
@@ -1341,14 +1351,14 @@ def _micro_worker(rank, world, store, out, steps):
     except RuntimeError as e:
         wrong = str(e)
     np.save(os.path.join(out, f"micro-{rank}.npy"), torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy())
-    pickle.dump((seen, wrong), open(os.path.join(out, f"micro-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"micro-{rank}.pkl"), (seen, wrong))
     finish()
 
 
 def test_micro_batches_from_the_sampler_equal_one_process(tmp_path):
     spawn(_micro_worker, 3, tmp_path, 20)
     assert_equal_to_one_process(one_process(20, 24, mean=True), [tmp_path / f"micro-{r}.npy" for r in range(3)])
-    got = [pickle.load(open(tmp_path / f"micro-{r}.pkl", "rb")) for r in range(3)]
+    got = [read_pickle(tmp_path / f"micro-{r}.pkl") for r in range(3)]
     assert all(len(seen) == 60 for seen, _ in got), [len(seen) for seen, _ in got]  # 20 steps x 3 micro-batches
     totals = np.add.reduceat(np.array([seen for seen, _ in got]), np.arange(0, 60, 3), axis=1).sum(axis=0)
     assert (totals == 24).all(), totals
@@ -1409,13 +1419,13 @@ def _autocast_worker(rank, world, store, out, steps):
         lb.step()
         with torch.no_grad():
             losses.append(float(F.cross_entropy(model(x), y)))
-    pickle.dump((losses, skipped, sizes), open(os.path.join(out, f"amp-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"amp-{rank}.pkl"), (losses, skipped, sizes))
     finish()
 
 
 def test_bf16_autocast_and_skipped_steps_agree_on_every_rank(tmp_path):
     spawn(_autocast_worker, 3, tmp_path, 30)
-    got = [pickle.load(open(tmp_path / f"amp-{r}.pkl", "rb")) for r in range(3)]
+    got = [read_pickle(tmp_path / f"amp-{r}.pkl") for r in range(3)]
     assert all(s[1] == [5] for s in got), [s[1] for s in got]
     assert all(s[2] == got[0][2] for s in got), "the ranks' batch sizes differ"
     losses = got[0][0]

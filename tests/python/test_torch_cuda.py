@@ -15,7 +15,6 @@ import os
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 import datetime  # noqa: E402
-import pickle  # noqa: E402
 import time  # noqa: E402
 import types  # noqa: E402
 
@@ -24,7 +23,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from test_torch import CLASSES, DIM, data, finish, init, make_model, one_process, spawn  # noqa: E402
+from test_torch import (CLASSES, DIM, data, finish, init, make_model, one_process, read_pickle, spawn,  # noqa: E402
+                        write_pickle)
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from lbbsp.torch import LoadBalancer  # noqa: E402
@@ -199,13 +199,13 @@ def _cuda_worker(rank, world, store, out, mode, what):
         lb.step()
     params = torch.cat([p.detach().flatten() for p in net.parameters()]).cpu().numpy()
     result = dict(sizes=sizes, params=params, **here.checks(lb))
-    pickle.dump(result, open(os.path.join(out, f"cuda-{what}-{rank}.pkl"), "wb"))
+    write_pickle(os.path.join(out, f"cuda-{what}-{rank}.pkl"), result)
     finish()
 
 
 def run(tmp_path, mode, what, world):
     spawn(_cuda_worker, world, tmp_path, mode, what, start_method="spawn" if mode == "cuda" else "fork")
-    got = [pickle.load(open(tmp_path / f"cuda-{what}-{r}.pkl", "rb")) for r in range(world)]
+    got = [read_pickle(tmp_path / f"cuda-{what}-{r}.pkl") for r in range(world)]
     assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
     for r, g in enumerate(got):
         if mode == "fake":  # every call named the model's device (cuda:1), not the current one or none
