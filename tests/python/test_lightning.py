@@ -47,7 +47,7 @@ class Net(pl.LightningModule):
         params = torch.cat([p.detach().flatten() for p in self.net.parameters()]).numpy()
         logged = sorted(k for k in self.trainer.callback_metrics if k.startswith("lbbsp/"))
         write_pickle(os.path.join(self.out, f"lightning-{rank}.pkl"),
-                 {"params": params, "sizes": self.sizes, "logged": logged})
+                     {"params": params, "sizes": self.sizes, "logged": logged})
 
 
 class MicroNet(Net):
@@ -151,7 +151,7 @@ class Bf16Net(Net):
 
     def on_train_end(self):
         write_pickle(os.path.join(self.out, f"bf16-{self.trainer.global_rank}.pkl"),
-                 {"sizes": self.sizes, "losses": self.losses, "dtypes": self.dtypes})
+                     {"sizes": self.sizes, "losses": self.losses, "dtypes": self.dtypes})
 
 
 def test_lightning_bf16_mixed_agrees_on_every_rank_and_learns(tmp_path):

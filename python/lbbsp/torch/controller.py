@@ -322,7 +322,7 @@ class LoadBalancer:
     def _check_rows(self, n: int) -> None:
         """Warns once where the forward before scale() saw another batch than the n samples it is weighted by."""
         rows, self._rows = self._rows, None
-        if rows is None or rows == n or self._warned_rows or not self._check_loss:
+        if rows is None or rows == n or self._warned_rows:  # None too with check_loss=False: no hook then
             return
         self._warned_rows = True
         warnings.warn(f"LoadBalancer.scale: step {self._step}: the model's last forward had {rows} rows in its "
