@@ -13,9 +13,19 @@ cd build
 # mostly waiting on their jobs, only exclude each other.
 jobs=(-j "$(nproc)")
 if (($#)); then
-  ctest --output-on-failure --timeout 900 "${jobs[@]}" "$@"
+  args=("$@")
 elif [[ ${LBBSP_SKIP_ASAN:-0} == 1 ]]; then
-  ctest --output-on-failure --timeout 900 "${jobs[@]}" -LE asan
+  args=(-LE asan)
 else
-  ctest --output-on-failure --timeout 900 "${jobs[@]}"
+  args=()
+fi
+rc=0
+ctest --output-on-failure --timeout 900 "${jobs[@]}" "${args[@]}" || rc=$?
+if ((rc)); then
+  # A recap at the very end, where a log cut to its tail still shows it: what each failed test said failed
+  # (pytest's FAILED/ERROR lines, GoogleTest's [  FAILED  ], our scripts' FAIL:, a sanitizer's SUMMARY).
+  echo "scripts/test.sh: what failed, from Testing/Temporary/LastTest.log:"
+  grep -E '^(FAILED|ERROR) |\[  FAILED  \]|^FAIL|^SUMMARY: [A-Za-z]+Sanitizer' Testing/Temporary/LastTest.log |
+    cut -c1-300 | tail -n 40 || true
+  exit "$rc"
 fi
