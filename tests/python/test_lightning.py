@@ -20,6 +20,16 @@ from test_torch import (CLASSES, assert_random5_equals_one_process, data, fixed_
                         one_process, read_pickle, synth_images, write_pickle)
 
 
+@pytest.fixture(autouse=True)
+def _own_master_port():
+    """Each test finds its own free port. Lightning's launcher writes MASTER_PORT into this process's environment,
+    so every later test in the same pytest worker (and the subprocesses they start) would reuse the first test's
+    port, free for minutes in between, where another worker's gloo sockets may have taken it."""
+    os.environ.pop("MASTER_PORT", None)
+    yield
+    os.environ.pop("MASTER_PORT", None)
+
+
 class Net(pl.LightningModule):
     batch_size = 8
 
