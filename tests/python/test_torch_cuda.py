@@ -48,18 +48,23 @@ class _HostEvent:
     def elapsed_time(self, end):
         return (end.t - self.t) * 1e3
 
+    def synchronize(self):
+        self.fake.event_waits += 1
+
 
 class FakeCuda:
     """What the controller uses of torch.cuda, in one rank: events read the host clock; the device holds RESTING
     bytes between steps, PER_SAMPLE more a sample at a step's peak (``step(n)``), CACHED unused in the caching
     allocator, and has ``free`` bytes free; resetting the peak statistics fails the test; every device the
-    controller names is kept in ``devices``."""
+    controller names is kept in ``devices``, and the waits for the whole device (``device_syncs``) and for an
+    event (``event_waits``) are counted."""
     RESTING, PER_SAMPLE, CACHED = 1 << 20, 1000, 2000
     NAMES = ("Event", "current_stream", "synchronize", "max_memory_allocated", "memory_allocated",
              "memory_reserved", "mem_get_info", "reset_peak_memory_stats", "reset_max_memory_allocated")
 
     def __init__(self, free):
         self.free, self.peak, self.devices = free, self.RESTING, []
+        self.device_syncs = self.event_waits = 0
 
     def install(self):
         for name in self.NAMES:
@@ -81,6 +86,7 @@ class FakeCuda:
 
     def synchronize(self, device=None):
         self.saw(device)
+        self.device_syncs += 1
 
     def max_memory_allocated(self, device=None):
         self.saw(device)
@@ -156,6 +162,7 @@ class _Rank:
         out = {"bytes_per_sample": lb._bytes_per_sample, "cap": lb._mem_cap(), "measured_s": lb._measured_s}
         if self.fake is not None:
             out["devices"] = sorted({str(d) for d in self.fake.devices})
+            out["device_syncs"], out["event_waits"] = self.fake.device_syncs, self.fake.event_waits
         else:
             out["peak_kept"] = torch.cuda.max_memory_allocated(self.device) >= self.peak0
         return out
@@ -168,8 +175,8 @@ def _cuda_worker(rank, world, store, out, mode, what):
                                 timeout=datetime.timedelta(seconds=60))
     else:
         init(rank, world, store)
-    if what in ("exact", "nccl"):  # random:5 sizes (0-sample ranks among them), float64: equal to one process
-        here, X, steps, kw = _Rank(mode, rank), 24, 20, dict(balancer="random:5", seed=3)
+    if what in ("exact", "nccl"):  # random:5 sizes (0-sample ranks among them), float64, lag 1: equal to one process
+        here, X, steps, kw = _Rank(mode, rank), 24, 20, dict(balancer="random:5", seed=3, lag=1)
         x, y = data()
         cost = [0.0] * world
     elif what == "slow":  # the last rank 5x slower a sample, its work queued on the device
@@ -210,6 +217,10 @@ def run(tmp_path, mode, what, world):
     for r, g in enumerate(got):
         if mode == "fake":  # every call named the model's device (cuda:1), not the current one or none
             assert g["devices"] == ["cuda:1"], (r, g["devices"])
+            # The host waited for its own backward once a step (at the last bucket) and never for the whole
+            # device, which would wait for the step's allreduce (the slowest rank) and stop the host queueing.
+            assert g["device_syncs"] == 0 and g["event_waits"] == len(g["sizes"]), (r, g["device_syncs"],
+                                                                                   g["event_waits"])
         else:
             assert g["peak_kept"], f"rank {r}: the process's peak-memory statistics were reset"
         assert g["bytes_per_sample"] > 0 and np.isfinite(g["measured_s"]) and g["measured_s"] >= 0, (r, g)

@@ -128,6 +128,7 @@ class LoadBalancer:
         self.micro_batches = _positive_int(micro_batches, "micro_batches", 1)
         self._micro = 0  # scale() calls in the current step (the micro-batch the next one is for)
         self._bytes_per_sample, self._max_batch = 0.0, 0
+        self._resting: Optional[int] = None  # bytes allocated on the device at the last step() (CUDA)
         # Seconds this rank spent in step() ("step_s"), blocked there waiting for reports ("wait_s") and
         # deciding ("decide_s", the same work on every rank).
         self.timing = {"step_s": 0.0, "wait_s": 0.0, "decide_s": 0.0}
@@ -367,7 +368,7 @@ class LoadBalancer:
     def record_compute(self, seconds: float) -> None:
         """Reports this step's time as measured by the caller: the sum of the calls in a step replaces the
         step's own measure (for emulated or externally timed work). With a DDP model on the CPU the report
-        leaves when the last gradient bucket is ready: call this before ``backward()``."""
+        leaves when the last gradient bucket is ready (on the CPU and on CUDA): call this before ``backward()``."""
         if not (isinstance(seconds, (int, float)) and np.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"LoadBalancer.record_compute: seconds must be finite and >= 0, got {seconds!r}")
         if self._exchange.launched(self._step):
@@ -385,21 +386,24 @@ class LoadBalancer:
                             f"{self._exchange.missing_ranks(self._step)}; {first}")
 
     # ---- measurement: a window from leaving one barrier to reaching the next, less its waits ----
-    # With a DDP model on the CPU the barrier is the gradient allreduce: the window of step k runs from the
-    # moment the last bucket's allreduce of step k-1 completed to the moment the last bucket of step k is
-    # ready, and the report leaves from the comm hook then (work after backward(), the optimizer step and
-    # step() itself, counts in the next window). Otherwise (no model, CUDA, a step without backward) the
-    # window runs from leaving step() to entering the next and the report leaves from step().
+    # With a DDP model the barrier is the gradient allreduce: the window of step k runs from the moment the
+    # last bucket's allreduce of step k-1 completed to the moment the last bucket of step k is ready, and the
+    # report leaves from the comm hook then (work after backward(), the optimizer step and step() itself,
+    # counts in the next window). On CUDA both moments are events on the model's device: the window is the
+    # device's time between them, and the host waits for the second only (this rank's own backward). Otherwise
+    # (no model, a step without backward) the window runs from leaving step() to entering the next and the
+    # report leaves from step().
 
-    def _restart_clock(self) -> None:
+    def _restart_clock(self, opened: Optional[Any] = None) -> None:
+        """Opens the next step's window (``opened``: on CUDA, the event after the allreduce that opens it)."""
         self._untimed_s, self._recorded_s, self._wait_s = 0.0, None, 0.0
-        self._events = []
+        self._events, self._opened = [], opened
         self._exchange.waited_s = 0.0
         self._clock_s = time.perf_counter()
 
     def _sum_hook(self, process_group: Optional[dist.ProcessGroup],
                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        """The SUM hook; at the last bucket it sends this step's report (CPU) or times the wait (CUDA)."""
+        """The SUM hook; at the last bucket it sends this step's report."""
         k = self._step
         if self._check_loss and not self._warned_loss and self._scaled_step != k:
             self._warned_loss = True
@@ -411,31 +415,30 @@ class LoadBalancer:
         tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
         group = process_group if process_group is not None else dist.group.WORLD
         last = bucket.is_last() if hasattr(bucket, "is_last") else False
+        sends = last and not self._exchange.launched(k)
+        ready = None
+        if last and self._cuda:  # waited for where it ends the report's window; else (a second backward) marked
+            ready = self._device_ready() if sends and self._recorded_s is None else self._device_event()
         ready_s = time.perf_counter()
-        if last and self._cuda:  # on the model's device's stream, whichever device is current on this thread
-            ready = torch.cuda.Event(enable_timing=True)
-            ready.record(torch.cuda.current_stream(self._device))
-        sends = last and not self._cuda and not self._exchange.launched(k)
-        if sends and self._exchange.can_piggyback(tensor):  # the report rides in this allreduce
+        # On CUDA the report takes the all-gather on the gloo group: no copies between host and device.
+        if sends and not self._cuda and self._exchange.can_piggyback(tensor):  # the report rides in this allreduce
             combined, gradients = self._exchange.piggyback(self._report(k, ready_s), tensor)
             work = dist.all_reduce(combined, group=group, async_op=True)
         else:
             work = dist.all_reduce(tensor, group=group, async_op=True)
             gradients = None
             if sends:
-                self._send_report(k, ready_s)
+                self._send_report(k, ready_s, ready)
         # One callback per bucket: each costs the gloo thread a turn at the GIL.
         if not last:
             return work.get_future().then(lambda f: f.value()[0])
 
         def done(f: torch.futures.Future) -> torch.Tensor:
             value = f.value()  # raises what the allreduce raised (a peer gone, a timeout)
-            if self._cuda:
-                end = torch.cuda.Event(enable_timing=True)
-                end.record(torch.cuda.current_stream(self._device))
-                self._events.append((ready, end))
-            elif sends:
-                self._restart_clock()  # step k+1's window opens as the barrier is left
+            if sends:  # step k+1's window opens as the barrier is left (on CUDA: where the device leaves it)
+                self._restart_clock(self._device_event() if self._cuda else None)
+            elif self._cuda:
+                self._events.append((ready, self._device_event()))
             else:
                 self._wait_s += time.perf_counter() - ready_s  # a second backward in one step
             return value[0] if gradients is None else gradients
@@ -444,10 +447,30 @@ class LoadBalancer:
             self._exchange.ride(k, work, combined, fut)
         return fut
 
-    def _window_s(self, now: float) -> float:
-        """This step's time so far: since the window opened, less the waits and the untimed() blocks. On CUDA
-        the device's queued work is waited for first, and the allreduce's wait comes from CUDA events."""
-        if self._cuda:
+    def _device_event(self) -> Any:
+        """A timing event recorded on the model's device's current stream (whichever device is current here)."""
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self._device))
+        return event
+
+    def _device_ready(self) -> Any:
+        """The event at the end of this rank's backward, waited for: the host waits for its own device's work
+        only (what it queued before, which waited for the others' previous allreduce already), not for this
+        step's allreduce, which is queued after it. The step's peak memory is read here too."""
+        ready = self._device_event()
+        ready.synchronize()
+        self._note_memory()
+        return ready
+
+    def _window_s(self, now: float, ready: Optional[Any] = None) -> float:
+        """This step's time so far: since the window opened, less the waits and the untimed() blocks. On CUDA,
+        from the comm hook (``ready``), the device's time from the event that opened the window; without one
+        (no DDP model, a step without backward) the device's queued work is waited for first, and the
+        allreduce's wait comes from CUDA events."""
+        if ready is not None and self._opened is not None:  # every event here is done: ready was waited for
+            waits = sum(a.elapsed_time(b) for a, b in self._events) / 1e3 + self._wait_s + self._untimed_s
+            return max(0.0, self._opened.elapsed_time(ready) / 1e3 - waits)
+        if self._cuda and ready is None:
             torch.cuda.synchronize(self._device)
             now = time.perf_counter()
             self._wait_s += sum(a.elapsed_time(b) for a, b in self._events) / 1e3
@@ -469,11 +492,11 @@ class LoadBalancer:
         ratio = min(4.0, max(0.25, n / before))
         return max(0.0, window_s + min(after_s, window_s) * (ratio - 1.0))
 
-    def _send_report(self, k: int, now: float) -> None:
+    def _send_report(self, k: int, now: float, ready: Optional[Any] = None) -> None:
         """Launches step k's report in the control group's all-gather."""
-        self._exchange.launch(k, self._report(k, now))
+        self._exchange.launch(k, self._report(k, now, ready))
 
-    def _report(self, k: int, now: float) -> np.ndarray:
+    def _report(self, k: int, now: float, ready: Optional[Any] = None) -> np.ndarray:
         """Step k's report; an error building it (the monitor raising) travels as the status flag."""
         n = float(self._sizes[k][self.rank])
         try:
@@ -482,7 +505,7 @@ class LoadBalancer:
                                    f"{self.micro_batches}: each micro-batch's loss needs it once, else the "
                                    "gradients are weighted wrong")
             compute = self._recorded_s if self._recorded_s is not None else self._on_this_batch(
-                k, int(n), self._window_s(now))
+                k, int(n), self._window_s(now, ready))
             self._measured_s = compute
             report = [n, compute, *self._metrics(), float(self._mem_cap()), 0.0, checksum(self._sizes[k])]
         except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
@@ -504,6 +527,8 @@ class LoadBalancer:
         from_step = not self._exchange.launched(k)
         if from_step:
             self._send_report(k, t0)
+        elif self._cuda:  # the device may still run step k's optimizer: no waiting for it here
+            self._after_barrier, self._resting = None, torch.cuda.memory_allocated(self._device)
         else:  # the window of step k+1 is open since step k's allreduce: what ran since was step k's work
             self._after_barrier = (k, self._window_s(t0), int(self._sizes[k][self.rank]))
         self._decide_through(k - self.lag, block=True)  # step k+1's sizes
@@ -679,11 +704,12 @@ class LoadBalancer:
 
     def _note_memory(self) -> None:
         """Bytes per sample on CUDA from the process's peak since the start (never reset: the user's statistics
-        stay) over the largest batch seen, above what stays allocated between steps."""
+        stay) over the largest batch seen, above what stays allocated between steps (read at the last step(),
+        or now where the step's work is done)."""
         n = int(self._sizes[self._step][self.rank])
         self._max_batch = max(self._max_batch, n)
         peak = torch.cuda.max_memory_allocated(self._device)
-        resting = torch.cuda.memory_allocated(self._device)
+        resting = self._resting if self._resting is not None else torch.cuda.memory_allocated(self._device)
         if self._max_batch > 0 and peak > resting:
             self._bytes_per_sample = (peak - resting) / self._max_batch
 
