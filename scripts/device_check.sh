@@ -255,8 +255,9 @@ if wanted torch; then
     run_step torch_cuda 120 env LBBSP_REQUIRE_CUDA=$has_gpu "$torch_py" -m pytest -q -rs -p no:cacheprovider \
       tests/python/test_torch_cuda.py
     if ((has_gpu)) && [[ -n $data ]]; then
-      # What the CUDA path costs a step (it synchronises the device in step()): 1 rank on the GPU (NCCL), the MLP,
-      # nothing to balance (bsp) against plain DDP, alternated twice.
+      # What the CUDA path costs a step (the host waits for its own backward at the last bucket, step() does not
+      # synchronise the device): 1 rank on the GPU (NCCL), the MLP, nothing to balance (bsp) against plain DDP,
+      # alternated twice.
       mkdir -p "$out/torch_cuda_cost"
       for pair in 1 2; do
         for run in plain-ddp bsp; do
