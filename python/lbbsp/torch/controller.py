@@ -416,9 +416,7 @@ class LoadBalancer:
         group = process_group if process_group is not None else dist.group.WORLD
         last = bucket.is_last() if hasattr(bucket, "is_last") else False
         sends = last and not self._exchange.launched(k)
-        ready = None
-        if last and self._cuda:  # waited for where it ends the report's window; else (a second backward) marked
-            ready = self._device_ready() if sends and self._recorded_s is None else self._device_event()
+        ready = self._device_event() if last and self._cuda else None  # this rank's backward ends here
         ready_s = time.perf_counter()
         # On CUDA the report takes the all-gather on the gloo group: no copies between host and device.
         if sends and not self._cuda and self._exchange.can_piggyback(tensor):  # the report rides in this allreduce
@@ -428,6 +426,8 @@ class LoadBalancer:
             work = dist.all_reduce(tensor, group=group, async_op=True)
             gradients = None
             if sends:
+                if ready is not None and self._recorded_s is None:  # the allreduce is queued: now wait
+                    ready_s = self._wait_for_own_work(ready)
                 self._send_report(k, ready_s, ready)
         # One callback per bucket: each costs the gloo thread a turn at the GIL.
         if not last:
@@ -453,14 +453,13 @@ class LoadBalancer:
         event.record(torch.cuda.current_stream(self._device))
         return event
 
-    def _device_ready(self) -> Any:
-        """The event at the end of this rank's backward, waited for: the host waits for its own device's work
-        only (what it queued before, which waited for the others' previous allreduce already), not for this
-        step's allreduce, which is queued after it. The step's peak memory is read here too."""
-        ready = self._device_event()
+    def _wait_for_own_work(self, ready: Any) -> float:
+        """Waits for the event at the end of this rank's backward: its own device's work only (what it queued
+        before, which waited for the others' previous allreduce already), not for this step's allreduce, queued
+        after it. Reads the step's peak memory; returns the host's clock."""
         ready.synchronize()
         self._note_memory()
-        return ready
+        return time.perf_counter()
 
     def _window_s(self, now: float, ready: Optional[Any] = None) -> float:
         """This step's time so far: since the window opened, less the waits and the untimed() blocks. On CUDA,
