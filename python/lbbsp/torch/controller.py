@@ -367,8 +367,8 @@ class LoadBalancer:
 
     def record_compute(self, seconds: float) -> None:
         """Reports this step's time as measured by the caller: the sum of the calls in a step replaces the
-        step's own measure (for emulated or externally timed work). With a DDP model on the CPU the report
-        leaves when the last gradient bucket is ready (on the CPU and on CUDA): call this before ``backward()``."""
+        step's own measure (for emulated or externally timed work). With a DDP model the report leaves when the
+        last gradient bucket is ready: call this before ``backward()``."""
         if not (isinstance(seconds, (int, float)) and np.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"LoadBalancer.record_compute: seconds must be finite and >= 0, got {seconds!r}")
         if self._exchange.launched(self._step):
