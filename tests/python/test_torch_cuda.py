@@ -1,7 +1,8 @@
 """lbbsp.torch's CUDA path (the allreduce's wait from CUDA events, the memory cap, the model's device, the user's
 peak-memory statistics left alone), run two ways by the same workers:
-- "fake", on any machine: torch.cuda replaced in each rank by FakeCuda (events on the host clock, memory figures
-  that follow the batch, the device of every call kept) and the controller told that its model lives on cuda:1
+- "fake", on any machine: torch.cuda replaced in each rank by FakeCuda (a device queue on the host clock whose
+  events complete when the work queued before them is done, memory figures that follow the batch, the device of
+  every call kept) and the controller told that its model lives on cuda:1
   while cuda:0 is current, so every line of the CUDA path runs here and every device it is handed is checked;
 - "cuda", on a real GPU: gloo ranks sharing the device(s), each rank's per-sample work a GPU kernel queued
   asynchronously, and NCCL with a rank per device; skipped where torch sees no GPU (scripts/device_check.sh
@@ -38,22 +39,32 @@ MODES = [pytest.param("fake", id="fake"),
 
 
 class _HostEvent:
+    """An event on FakeCuda's queue: it completes when the device has run what was queued before it."""
+
     def __init__(self, fake):
         self.fake, self.t = fake, None
 
     def record(self, stream=None):
         self.fake.saw(getattr(stream, "device", None))
-        self.t = time.perf_counter()
+        self.t = max(time.perf_counter(), self.fake.busy_until)
+
+    def query(self):
+        return self.t is not None and time.perf_counter() >= self.t
 
     def elapsed_time(self, end):
+        if not (self.query() and end.query()):  # as CUDA: cudaErrorNotReady
+            raise RuntimeError("CUDA error: device not ready (an event not yet completed)")
         return (end.t - self.t) * 1e3
 
     def synchronize(self):
         self.fake.event_waits += 1
+        time.sleep(max(0.0, self.t - time.perf_counter()))
 
 
 class FakeCuda:
-    """What the controller uses of torch.cuda, in one rank: events read the host clock; the device holds RESTING
+    """What the controller uses of torch.cuda, in one rank: a device queue on the host clock (``queue(seconds)``
+    adds work the host does not wait for; an event completes when what was queued before it is done); the
+    device holds RESTING
     bytes between steps, PER_SAMPLE more a sample at a step's peak (``step(n)``), CACHED unused in the caching
     allocator, and has ``free`` bytes free; resetting the peak statistics fails the test; every device the
     controller names is kept in ``devices``, and the waits for the whole device (``device_syncs``) and for an
@@ -65,6 +76,7 @@ class FakeCuda:
     def __init__(self, free):
         self.free, self.peak, self.devices = free, self.RESTING, []
         self.device_syncs = self.event_waits = 0
+        self.busy_until = 0.0  # when the device will have run everything queued so far (perf_counter clock)
 
     def install(self):
         for name in self.NAMES:
@@ -77,6 +89,9 @@ class FakeCuda:
     def step(self, n):
         self.peak = max(self.peak, self.RESTING + self.PER_SAMPLE * n)
 
+    def queue(self, seconds):
+        self.busy_until = max(self.busy_until, time.perf_counter()) + seconds
+
     def Event(self, enable_timing=False):
         return _HostEvent(self)
 
@@ -87,6 +102,7 @@ class FakeCuda:
     def synchronize(self, device=None):
         self.saw(device)
         self.device_syncs += 1
+        time.sleep(max(0.0, self.busy_until - time.perf_counter()))
 
     def max_memory_allocated(self, device=None):
         self.saw(device)
@@ -116,8 +132,9 @@ def _no_reset(*args, **kwargs):
 
 class _Rank:
     """Where a rank computes (``device``), the device its model claims (``model_device``), and its per-sample work
-    (``work(n, seconds)``): with FakeCuda the CPU, a claimed cuda:1 and a sleep; on a GPU the model's device (cuda:1
-    where there are two, while cuda:0 stays current) and a kernel spinning that long, queued without waiting."""
+    (``work(n, seconds)``): with FakeCuda the CPU, a claimed cuda:1 and that long on FakeCuda's queue; on a GPU the
+    model's device (cuda:1 where there are two, while cuda:0 stays current) and a kernel spinning that long, queued
+    without waiting."""
 
     def __init__(self, mode, rank, free=1 << 40):
         if mode == "fake":
@@ -150,9 +167,9 @@ class _Rank:
         return lb
 
     def work(self, n, seconds):
-        if self.fake is not None:
+        if self.fake is not None:  # queued on the device, as a kernel is: the host goes on at once
             self.fake.step(n)
-            time.sleep(seconds)  # the rank's emulated work itself (what the balancer measures), not a wait
+            self.fake.queue(seconds)
         elif seconds > 0:
             with torch.cuda.device(self.device):
                 torch.cuda._sleep(int(seconds * self.cycles_per_s))
