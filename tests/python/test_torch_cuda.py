@@ -1,9 +1,9 @@
-"""lbbsp.torch's CUDA path (the allreduce's wait from CUDA events, the memory cap, the model's device, the user's
-peak-memory statistics left alone), run two ways by the same workers:
+"""lbbsp.torch's CUDA path (the step's time read from events on the device, no device-wide wait, the memory cap,
+the model's device, the user's peak-memory statistics left alone), run two ways by the same workers:
 - "fake", on any machine: torch.cuda replaced in each rank by FakeCuda (a device queue on the host clock whose
   events complete when the work queued before them is done, memory figures that follow the batch, the device of
-  every call kept) and the controller told that its model lives on cuda:1
-  while cuda:0 is current, so every line of the CUDA path runs here and every device it is handed is checked;
+  every call kept) and the controller told that its model lives on cuda:1 while cuda:0 is current, so every line
+  of the CUDA path runs here and every device it is handed is checked;
 - "cuda", on a real GPU: gloo ranks sharing the device(s), each rank's per-sample work a GPU kernel queued
   asynchronously, and NCCL with a rank per device; skipped where torch sees no GPU (scripts/device_check.sh
   runs them on a lent GPU machine).
@@ -63,10 +63,9 @@ class _HostEvent:
 
 class FakeCuda:
     """What the controller uses of torch.cuda, in one rank: a device queue on the host clock (``queue(seconds)``
-    adds work the host does not wait for; an event completes when what was queued before it is done); the
-    device holds RESTING
-    bytes between steps, PER_SAMPLE more a sample at a step's peak (``step(n)``), CACHED unused in the caching
-    allocator, and has ``free`` bytes free; resetting the peak statistics fails the test; every device the
+    adds work the host does not wait for; an event completes when what was queued before it is done); the device
+    holds RESTING bytes between steps, PER_SAMPLE more a sample at a step's peak (``step(n)``), CACHED unused in
+    the caching allocator, and has ``free`` bytes free; resetting the peak statistics fails the test; every device the
     controller names is kept in ``devices``, and the waits for the whole device (``device_syncs``) and for an
     event (``event_waits``) are counted."""
     RESTING, PER_SAMPLE, CACHED = 1 << 20, 1000, 2000
