@@ -195,8 +195,9 @@ def _cuda_worker(rank, world, store, out, mode, what):
         here, X, steps, kw = _Rank(mode, rank), 24, 20, dict(balancer="random:5", seed=3, lag=1)
         x, y = data()
         cost = [0.0] * world
-    elif what == "slow":  # the last rank 5x slower a sample, its work queued on the device
-        here, X, steps, kw = _Rank(mode, rank), 64, 25, dict(balancer="lbbsp-cpu", predictor="ema", seed=1)
+    elif what in ("slow", "equal"):  # the last rank 5x slower a sample, its work queued on the device
+        balancer = dict(balancer="lbbsp-cpu", predictor="ema") if what == "slow" else dict(balancer="bsp")
+        here, X, steps, kw = _Rank(mode, rank), 64, 25, dict(seed=1, **balancer)
         g = np.random.default_rng(1)
         x, y = torch.from_numpy(g.normal(size=(64 * 25, DIM))), torch.from_numpy(g.integers(0, CLASSES, 64 * 25))
         cost = [3e-4] * (world - 1) + [1.5e-3]
@@ -210,7 +211,7 @@ def _cuda_worker(rank, world, store, out, mode, what):
     model = DDP(net, device_ids=[here.device.index] if here.device.type == "cuda" else None)
     lb = here.balancer(model, dataset_size=len(x), global_batch=X, **kw)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    sizes = []
+    sizes, measured = [], []
     for g in range(steps):
         idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch))).to(here.device)
         sizes.append(lb.batch_sizes.tolist())
@@ -220,8 +221,9 @@ def _cuda_worker(rank, world, store, out, mode, what):
         opt.step()
         opt.zero_grad()
         lb.step()
+        measured.append(lb.figures()["lbbsp/measured_s"])
     params = torch.cat([p.detach().flatten() for p in net.parameters()]).cpu().numpy()
-    result = dict(sizes=sizes, params=params, **here.checks(lb))
+    result = dict(sizes=sizes, params=params, measured=measured, **here.checks(lb))
     write_pickle(os.path.join(out, f"cuda-{what}-{rank}.pkl"), result)
     finish()
 
@@ -275,6 +277,18 @@ def test_cuda_rank_slowed_on_the_device_gets_fewer_samples(tmp_path, mode):
     last = sizes[-1]
     assert last.sum() == 64
     assert last[2] < 0.5 * min(last[0], last[1]), sizes[-5:]
+
+
+def test_cuda_fast_ranks_do_not_count_their_wait_for_the_slow_one(tmp_path):
+    """An equal split (bsp), the last rank 5x slower on its device: the fast ranks wait for its report in step()
+    (lag 0) while their window on the device is open; that idle time is not their work. Their reported time stays
+    near a fifth of the slow rank's (counting the wait, it was as long as the slow rank's). Stand-in only: ranks
+    sharing one real GPU time-slice its kernels, so there a fast rank's own work takes longer too."""
+    got, sizes = run(tmp_path, "fake", "equal", 3)
+    assert (sizes == sizes[0]).all(), sizes
+    fast = np.median([got[r]["measured"][2:] for r in (0, 1)])
+    slow = np.median(got[2]["measured"][2:])
+    assert fast < 0.5 * slow, (fast, slow, [g["measured"][-3:] for g in got])
 
 
 def test_cuda_memory_cap_bounds_the_batch(tmp_path):

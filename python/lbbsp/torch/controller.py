@@ -359,11 +359,27 @@ class LoadBalancer:
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:
         """Work in this block does not count in this rank's step time (a rank-0 evaluation, a checkpoint)."""
+        if self._cuda:  # the device's time across the block: what it ran of the block's work, or sat idle
+            with self._off_the_device_clock():
+                yield
+            return
         t0 = time.perf_counter()
         try:
             yield
         finally:
             self._untimed_s += time.perf_counter() - t0
+
+    @contextlib.contextmanager
+    def _off_the_device_clock(self) -> Iterator[None]:
+        """On CUDA, a host block whose time must not count: the device's time between events recorded at its start
+        and end is subtracted from the window. That is the time the device sat idle while the host waited (a
+        device still busy with work queued before is not idle, and that work still counts), plus the device work
+        queued inside the block."""
+        start = self._device_event()
+        try:
+            yield
+        finally:
+            self._events.append((start, self._device_event()))
 
     def record_compute(self, seconds: float) -> None:
         """Reports this step's time as measured by the caller: the sum of the calls in a step replaces the
@@ -463,19 +479,18 @@ class LoadBalancer:
 
     def _window_s(self, now: float, ready: Optional[Any] = None) -> float:
         """This step's time so far: since the window opened, less the waits and the untimed() blocks. On CUDA,
-        from the comm hook (``ready``), the device's time from the event that opened the window; without one
-        (no DDP model, a step without backward) the device's queued work is waited for first, and the
-        allreduce's wait comes from CUDA events."""
-        if ready is not None and self._opened is not None:  # every event here is done: ready was waited for
-            waits = sum(a.elapsed_time(b) for a, b in self._events) / 1e3 + self._wait_s + self._untimed_s
-            return max(0.0, self._opened.elapsed_time(ready) / 1e3 - waits)
+        from the comm hook (``ready``, waited for), the device's time from the event that opened the window;
+        from step() (no DDP model, a step without backward) the device's queued work is waited for first. The
+        events' spans to subtract are all done by then (queued before what was waited for)."""
         if self._cuda and ready is None:
             torch.cuda.synchronize(self._device)
             now = time.perf_counter()
-            self._wait_s += sum(a.elapsed_time(b) for a, b in self._events) / 1e3
             self._note_memory()
-        waits = self._wait_s + self._untimed_s + self._exchange.waited_s
-        return max(0.0, now - self._clock_s - waits)
+        device_waits = sum(a.elapsed_time(b) for a, b in self._events) / 1e3 if self._cuda else 0.0
+        waits = device_waits + self._wait_s + self._untimed_s
+        if ready is not None and self._opened is not None:
+            return max(0.0, self._opened.elapsed_time(ready) / 1e3 - waits)
+        return max(0.0, now - self._clock_s - waits - self._exchange.waited_s)
 
     def _on_this_batch(self, k: int, n: int, window_s: float) -> float:
         """With a DDP model on the CPU step k's window opened as step k-1's allreduce completed: it began with
@@ -530,7 +545,11 @@ class LoadBalancer:
             self._after_barrier, self._resting = None, torch.cuda.memory_allocated(self._device)
         else:  # the window of step k+1 is open since step k's allreduce: what ran since was step k's work
             self._after_barrier = (k, self._window_s(t0), int(self._sizes[k][self.rank]))
-        self._decide_through(k - self.lag, block=True)  # step k+1's sizes
+        # On CUDA step k+1's window is open on the device since step k's allreduce: waiting here for other ranks'
+        # reports (lag 0) leaves the device idle, which is not this rank's work.
+        waiting = self._off_the_device_clock() if self._cuda and not from_step else contextlib.nullcontext()
+        with waiting:
+            self._decide_through(k - self.lag, block=True)  # step k+1's sizes
         if self.lag:
             self._decide_through(k, block=False)
         self._step, self._stepped, self._micro, self._done_sizes = k + 1, True, 0, self._sizes[k]
