@@ -242,7 +242,12 @@ def run(tmp_path, mode, what, world):
         else:
             assert g["peak_kept"], f"rank {r}: the process's peak-memory statistics were reset"
         assert g["bytes_per_sample"] > 0 and np.isfinite(g["measured_s"]) and g["measured_s"] >= 0, (r, g)
-    return got, np.array(got[0]["sizes"])
+    sizes = np.array(got[0]["sizes"])
+    # For the device check's log (pytest -rP shows it): what each rank reported, and where the sizes ended.
+    print(f"{what} [{mode}]: last sizes {sizes[-1].tolist()}; median step time per rank (ms, steps 2 on): "
+          f"{[round(1e3 * float(np.median(g['measured'][2:])), 3) for g in got]}; "
+          f"bytes per sample {[round(g['bytes_per_sample']) for g in got]}; cap {[g['cap'] for g in got]}")
+    return got, sizes
 
 
 @pytest.mark.parametrize("mode", MODES)
