@@ -21,7 +21,7 @@
 #   scripts/device_check.sh --dry-run               every step at toy size here (2 cores, oversubscribed)
 # Options: --lbbsp PATH (without --bundle; default build/lbbsp), --ranks "1 2 4 8 16" (scaling), --budget S (overall
 # seconds, default 540; dry run 300), --steps gpu,scaling,interference,torch,kernels,telemetry (a subset, same
-# order).
+# order; torch_cuda: the torch step without its CPU benchmark).
 # Environment: OUT (default results/device_check-DATE), DEVICE_CHECK_FMNIST=FILE.h5 (scaling and interference on
 # that dataset instead of synthetic data). Exit status 0 only when no step failed ("no GPU"/"not present" are not
 # failures).
@@ -46,8 +46,8 @@ while (($#)); do
 done
 for s in ${steps//,/ }; do
   case $s in
-    gpu | scaling | interference | torch | kernels | telemetry) ;;
-    *) die "--steps: unknown step '$s' (gpu,scaling,interference,torch,kernels,telemetry)" ;;
+    gpu | scaling | interference | torch | torch_cuda | kernels | telemetry) ;;
+    *) die "--steps: unknown step '$s' (gpu,scaling,interference,torch,torch_cuda,kernels,telemetry)" ;;
   esac
 done
 budget=${budget:-$((dry ? 300 : 540))}
@@ -165,7 +165,7 @@ fi
 
 # ---- data: synthetic (Fashion-MNIST-shaped) made here, or DEVICE_CHECK_FMNIST ----
 data=${DEVICE_CHECK_FMNIST:-}
-if [[ -z $data ]] && { wanted scaling || wanted interference || wanted telemetry || { wanted torch && ((!dry)); }; }; then
+if [[ -z $data ]] && { wanted scaling || wanted interference || wanted telemetry || { { wanted torch || wanted torch_cuda; } && ((!dry)); }; }; then
   # Full size (50 MB) outside $OUT, so that it does not travel back with the results.
   ddir=$out/data
   ((dry)) || ddir=${TMPDIR:-/tmp}/lbbsp-device-check
@@ -241,7 +241,7 @@ if wanted interference; then
 fi
 
 # ---- 4. the PyTorch integration's benchmark, once it has landed ----
-if wanted torch; then
+if wanted torch || wanted torch_cuda; then
   torch_bench=$(ls scripts/torch_bench* 2>/dev/null | head -n 1)
   torch_py=${LBBSP_TORCH_PYTHON:-python3}
   if [[ -z $torch_bench ]]; then
@@ -265,31 +265,33 @@ t.run(pathlib.Path(tempfile.mkdtemp()), "cuda", "equal", 3)'
     if ((has_gpu)) && [[ -n $data ]]; then
       # What the CUDA path costs a step (the host waits for its own backward at the last bucket, step() does not
       # synchronise the device): 1 rank on the GPU (NCCL), the MLP, nothing to balance (bsp) against plain DDP,
-      # alternated twice.
-      mkdir -p "$out/torch_cuda_cost"
-      for pair in 1 2; do
+      # 500 iterations (16 epochs of the synthetic data's 32), alternated three times.
+      mkdir -p "$out/torch_cuda_cost" && pairs="1 2 3"
+      for pair in $pairs; do
         for run in plain-ddp bsp; do
           flags=(--balancer bsp)
           [[ $run == plain-ddp ]] && flags=(--plain-ddp)
           run_step "torch_cuda_cost_${run}_$pair" 60 "$torch_py" scripts/torch_train.py --data "$data" --device cuda \
-            --spawn 1 --max-iterations 500 "${flags[@]}" --summary-json "$out/torch_cuda_cost/$run-$pair.json"
+            --spawn 1 --epochs 16 --max-iterations 500 "${flags[@]}" --summary-json "$out/torch_cuda_cost/$run-$pair.json"
         done
       done
       log "torch_cuda_cost: $("$torch_py" -c 'import json, sys
 ms = lambda r, p: 1e3 * json.load(open(f"{sys.argv[1]}/{r}-{p}.json"))["mean_iteration_s"]
-rows = [(p, ms("plain-ddp", p), ms("bsp", p)) for p in (1, 2)]
+rows = [(int(p), ms("plain-ddp", p), ms("bsp", p)) for p in sys.argv[2:]]
 print("; ".join("pair %d: plain DDP %.3f ms, DDP + lbbsp (bsp) %.3f ms" % r for r in rows))' \
-        "$out/torch_cuda_cost" 2>&1 | tail -n 1)"
+        "$out/torch_cuda_cost" $pairs 2>&1 | tail -n 1)"
     fi
     # The benchmark on the synthetic data, 60 iterations (its 700 on Fashion-MNIST take ~15 min): 4 ranks on
-    # cores of their own, where the 2-core VM oversubscribes them.
-    torch_args=(--python "$torch_py" --lbbsp "$lbbsp" --out "$out/torch")
-    if ((dry)); then
-      torch_args+=(--dry-run)
-    elif [[ -n $data ]]; then
-      torch_args+=(--data "$data" --iterations 60)
+    # cores of their own, where the 2-core VM oversubscribes them. Not with --steps torch_cuda (the CUDA part only).
+    if wanted torch; then
+      torch_args=(--python "$torch_py" --lbbsp "$lbbsp" --out "$out/torch")
+      if ((dry)); then
+        torch_args+=(--dry-run)
+      elif [[ -n $data ]]; then
+        torch_args+=(--data "$data" --iterations 60)
+      fi
+      run_step torch 180 "$torch_bench" "${torch_args[@]}"
     fi
-    run_step torch 180 "$torch_bench" "${torch_args[@]}"
   fi
 fi
 
