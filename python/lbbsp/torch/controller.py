@@ -13,7 +13,8 @@ import torch.distributed as dist
 import lbbsp
 
 from ._util import _positive_int
-from .exchange import CHECKSUM, EXO, REPORT, STATUS, ReportExchange, checksum, disagreement, group_ranks
+from .exchange import (CAP, CHECKSUM, EXO, MEASURED, REPORT, STATUS, ReportExchange, checksum, disagreement,
+                       group_ranks)
 from .hooks import sum_allreduce_hook
 from .monitor import ResourceMonitor
 from .sampler import AllowEmpty, BalancedBatchSampler, required_lag
@@ -129,6 +130,10 @@ class LoadBalancer:
         self._micro = 0  # scale() calls in the current step (the micro-batch the next one is for)
         self._bytes_per_sample, self._max_batch = 0.0, 0
         self._resting: Optional[int] = None  # bytes allocated on the device at the last step() (CUDA)
+        # CUDA: the window that closed at the last bucket (batch, opened, ready, exo), and the last closed window not
+        # yet reported (the same and its waits' events): read one step later, when the device has run it.
+        self._closing: Optional[tuple] = None
+        self._unread: Optional[tuple] = None
         # Seconds this rank spent in step() ("step_s"), blocked there waiting for reports ("wait_s") and
         # deciding ("decide_s", the same work on every rank).
         self.timing = {"step_s": 0.0, "wait_s": 0.0, "decide_s": 0.0}
@@ -406,12 +411,16 @@ class LoadBalancer:
     # last bucket's allreduce of step k-1 completed to the moment the last bucket of step k is ready, and the
     # report leaves from the comm hook then (work after backward(), the optimizer step and step() itself,
     # counts in the next window). On CUDA both moments are events on the model's device: the window is the
-    # device's time between them, and the host waits for the second only (this rank's own backward). Otherwise
-    # (no model, a step without backward) the window runs from leaving step() to entering the next and the
-    # report leaves from step().
+    # device's time between them, read when the device has run it, so step k's report carries window k-1 (the
+    # host never waits for its own backward; it waits for window k-1's end only when it runs over a step ahead).
+    # Otherwise (no model, a step without backward) the window runs from leaving step() to entering the next and
+    # the report leaves from step().
 
     def _restart_clock(self, opened: Optional[Any] = None) -> None:
-        """Opens the next step's window (``opened``: on CUDA, the event after the allreduce that opens it)."""
+        """Opens the next step's window (``opened``: on CUDA, the event after the allreduce that opens it); on
+        CUDA the window just closed, with the events of its waits, waits to be read."""
+        self._unread = None if self._closing is None else (*self._closing, self._events)
+        self._closing = None
         self._untimed_s, self._recorded_s, self._wait_s = 0.0, None, 0.0
         self._events, self._opened = [], opened
         self._exchange.waited_s = 0.0
@@ -432,7 +441,7 @@ class LoadBalancer:
         group = process_group if process_group is not None else dist.group.WORLD
         last = bucket.is_last() if hasattr(bucket, "is_last") else False
         sends = last and not self._exchange.launched(k)
-        ready = self._device_event() if last and self._cuda else None  # this rank's backward ends here
+        ready = self._device_event() if last and self._cuda else None  # this rank's backward ends here (read later)
         ready_s = time.perf_counter()
         # On CUDA the report takes the all-gather on the gloo group: no copies between host and device.
         if sends and not self._cuda and self._exchange.can_piggyback(tensor):  # the report rides in this allreduce
@@ -442,8 +451,8 @@ class LoadBalancer:
             work = dist.all_reduce(tensor, group=group, async_op=True)
             gradients = None
             if sends:
-                if ready is not None and self._recorded_s is None:  # the allreduce is queued: now wait
-                    ready_s = self._wait_for_own_work(ready)
+                if ready is not None:
+                    self._note_memory()  # the allocator's counters, on the host: no wait
                 self._send_report(k, ready_s, ready)
         # One callback per bucket: each costs the gloo thread a turn at the GIL.
         if not last:
@@ -469,28 +478,31 @@ class LoadBalancer:
         event.record(torch.cuda.current_stream(self._device))
         return event
 
-    def _wait_for_own_work(self, ready: Any) -> float:
-        """Waits for the event at the end of this rank's backward: its own device's work only (what it queued
-        before, which waited for the others' previous allreduce already), not for this step's allreduce, queued
-        after it. Reads the step's peak memory; returns the host's clock."""
-        ready.synchronize()
-        self._note_memory()
-        return time.perf_counter()
-
-    def _window_s(self, now: float, ready: Optional[Any] = None) -> float:
-        """This step's time so far: since the window opened, less the waits and the untimed() blocks. On CUDA,
-        from the comm hook (``ready``, waited for), the device's time from the event that opened the window;
-        from step() (no DDP model, a step without backward) the device's queued work is waited for first. The
-        events' spans to subtract are all done by then (queued before what was waited for)."""
-        if self._cuda and ready is None:
+    def _window_s(self, now: float) -> float:
+        """This step's time so far on the host's clock: since the window opened, less the waits and the
+        untimed() blocks. On CUDA (no DDP model, a step without backward) the device's queued work is waited
+        for first, and the events' spans (queued before it) are subtracted."""
+        if self._cuda:
             torch.cuda.synchronize(self._device)
             now = time.perf_counter()
             self._note_memory()
         device_waits = sum(a.elapsed_time(b) for a, b in self._events) / 1e3 if self._cuda else 0.0
         waits = device_waits + self._wait_s + self._untimed_s
-        if ready is not None and self._opened is not None:
-            return max(0.0, self._opened.elapsed_time(ready) / 1e3 - waits)
         return max(0.0, now - self._clock_s - waits - self._exchange.waited_s)
+
+    def _read_unread(self) -> Optional[Tuple[float, int, List[float]]]:
+        """On CUDA: the last closed window's (seconds on the device, batch, exo), or None where there is none
+        (the first step, after a step without backward or a resume). The device has run it by now unless the
+        host is over a step ahead: then this waits for its end, which keeps the host at most a step ahead."""
+        if self._unread is None or self._unread[1] is None:  # the first window opened on the host: not measured
+            return None
+        n, opened, ready, exo, events = self._unread
+        self._unread = None
+        for event in (ready, opened, *(e for pair in events for e in pair)):
+            if not event.query():
+                event.synchronize()
+        waits = sum(a.elapsed_time(b) for a, b in events) / 1e3
+        return max(0.0, opened.elapsed_time(ready) / 1e3 - waits), n, exo
 
     def _on_this_batch(self, k: int, n: int, window_s: float) -> float:
         """With a DDP model on the CPU step k's window opened as step k-1's allreduce completed: it began with
@@ -511,17 +523,27 @@ class LoadBalancer:
         self._exchange.launch(k, self._report(k, now, ready))
 
     def _report(self, k: int, now: float, ready: Optional[Any] = None) -> np.ndarray:
-        """Step k's report; an error building it (the monitor raising) travels as the status flag."""
+        """Step k's report: this step's seconds and exo, or with ``ready`` (CUDA, from the comm hook) the previous
+        window's, whose batch it names (step k's window is kept for the next report). An error building it (the
+        monitor raising) travels as the status flag."""
         n = float(self._sizes[k][self.rank])
         try:
             if self.micro_batches > 1 and self._check_loss and self._micro != self.micro_batches:
                 raise RuntimeError(f"step {k}: lb.scale() was called {self._micro} times for micro_batches="
                                    f"{self.micro_batches}: each micro-batch's loss needs it once, else the "
                                    "gradients are weighted wrong")
-            compute = self._recorded_s if self._recorded_s is not None else self._on_this_batch(
-                k, int(n), self._window_s(now, ready))
-            self._measured_s = compute
-            report = [n, compute, *self._metrics(), float(self._mem_cap()), 0.0, checksum(self._sizes[k])]
+            exo, measured_n = self._metrics(), n
+            if self._recorded_s is not None:
+                compute = self._recorded_s
+            elif ready is not None:
+                self._closing = (int(n), self._opened, ready, exo)
+                window = self._read_unread()
+                compute, measured_n, exo = (0.0, -1.0, exo) if window is None else window
+            else:
+                compute = self._on_this_batch(k, int(n), self._window_s(now))
+            if measured_n >= 0:
+                self._measured_s = compute
+            report = [n, compute, *exo, float(self._mem_cap()), float(measured_n), 0.0, checksum(self._sizes[k])]
         except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
             self._report_errors[k] = e  # kept until step k is decided (later with lag >= 1 or an all-gather)
             report = [n] + [0.0] * (REPORT - 3) + [1.0, checksum(self._sizes[k])]
@@ -587,7 +609,7 @@ class LoadBalancer:
             raise RuntimeError(f"LoadBalancer: step {j}: the ranks report batches {batch.tolist()}, not the "
                                f"decided {self._sizes[j].tolist()}")
         # Each rank checked its own report before sending it (the monitor's metrics, record_compute's seconds).
-        compute, exo, caps = reports[:, 1], reports[:, 2:2 + EXO], reports[:, 2 + EXO]
+        compute, exo, caps, measured = reports[:, 1], reports[:, 2:2 + EXO], reports[:, CAP], reports[:, MEASURED]
         mem_cap = self._no_cap  # 0 reported: no cap
         if caps.any():
             mem_cap = mem_cap.copy()
@@ -595,12 +617,26 @@ class LoadBalancer:
         t = time.perf_counter()
         x = np.ascontiguousarray(exo).ravel()
         try:
-            decided = self._balancer._next_checked(batch, np.ascontiguousarray(compute), x, x, mem_cap)
+            if (measured < 0).any():  # on CUDA the first window is read a step late: keep the sizes, capped
+                decided = self._keep_within(self._sizes[j + self.lag], mem_cap)
+            else:
+                decided = self._balancer._next_checked(measured.astype(np.int64), np.ascontiguousarray(compute),
+                                                       x, x, mem_cap)
         except Exception as e:  # noqa: BLE001 - the same on every rank: name the step
             raise RuntimeError(f"LoadBalancer: step {j}: deciding the sizes of step {j + self.lag + 1} failed "
                                f"on every rank: {type(e).__name__}: {e}") from e
         self._sizes[j + self.lag + 1] = decided
         self.timing["decide_s"] += time.perf_counter() - t
+
+    def _keep_within(self, sizes: np.ndarray, mem_cap: np.ndarray) -> np.ndarray:
+        """The same sizes again, or where a rank's memory cap is below its size the nearest split in the same
+        proportions that fits the caps (and min_batch)."""
+        if (sizes <= mem_cap).all():
+            return sizes.copy()
+        floor = self._balancer_args["min_batch"]
+        return lbbsp.assign_by_speed(np.maximum(sizes, 1).astype(np.float64), self.global_batch,
+                                     min=[floor] * self.world_size if floor else None,
+                                     max=np.minimum(mem_cap, self.global_batch))
 
     # ---- checkpoints ----
 

@@ -16,9 +16,11 @@ import torch.distributed as dist
 from .. import RANK_EXO
 
 EXO = len(RANK_EXO)  # cpu_avail, mem_avail, load: what the C++ runtime reports, in its order
-# batch, compute seconds, exo..., memory cap, status (0 ok, 1 this rank failed), checksum of the batch vector
-REPORT = 2 + EXO + 3
-STATUS, CHECKSUM = REPORT - 2, REPORT - 1
+# batch, compute seconds, exo..., memory cap, measured batch (the samples of the window the seconds and exo are of:
+# the batch itself, or on CUDA the previous step's; -1: no window measured yet), status (0 ok, 1 this rank failed),
+# checksum of the batch vector
+REPORT = 2 + EXO + 4
+CAP, MEASURED, STATUS, CHECKSUM = 2 + EXO, 3 + EXO, REPORT - 2, REPORT - 1
 
 
 def checksum(sizes: np.ndarray) -> float:
