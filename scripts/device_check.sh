@@ -23,7 +23,9 @@
 # seconds, default 540; dry run 300), --steps gpu,scaling,interference,torch,kernels,telemetry (a subset, same
 # order; torch_cuda: the torch step without its CPU benchmark).
 # Environment: OUT (default results/device_check-DATE), DEVICE_CHECK_FMNIST=FILE.h5 (scaling and interference on
-# that dataset instead of synthetic data). Exit status 0 only when no step failed ("no GPU"/"not present" are not
+# that dataset instead of synthetic data), DEVICE_CHECK_TORCH_K=EXPR (pytest -k for test_torch_cuda.py, e.g. "not
+# fake and not memory_cap and not fast_ranks": the real-GPU tests only), DEVICE_CHECK_CUDA_PAIRS="1 2 3" (the CUDA
+# cost step's alternated pairs). Exit status 0 only when no step failed ("no GPU"/"not present" are not
 # failures).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -254,7 +256,7 @@ if wanted torch || wanted torch_cuda; then
     command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && has_gpu=1
     # -rP: each run's sizes and per-rank step times (printed by the tests) go to the log, passed or not.
     run_step torch_cuda 200 env LBBSP_REQUIRE_CUDA=$has_gpu "$torch_py" -m pytest -q -rsP -p no:cacheprovider \
-      tests/python/test_torch_cuda.py
+      ${DEVICE_CHECK_TORCH_K:+-k "$DEVICE_CHECK_TORCH_K"} tests/python/test_torch_cuda.py
     if ((has_gpu)); then
       # The equal-split scenario of test_cuda_fast_ranks_do_not_count_their_wait_for_the_slow_one on the real
       # device, printed rather than asserted (3 ranks time-slice one GPU): what the fast and slow ranks report.
@@ -266,7 +268,7 @@ t.run(pathlib.Path(tempfile.mkdtemp()), "cuda", "equal", 3)'
       # What the CUDA path costs a step (the host waits for its own backward at the last bucket, step() does not
       # synchronise the device): 1 rank on the GPU (NCCL), the MLP, nothing to balance (bsp) against plain DDP,
       # 500 iterations (16 epochs of the synthetic data's 32), alternated three times.
-      mkdir -p "$out/torch_cuda_cost" && pairs="1 2 3"
+      mkdir -p "$out/torch_cuda_cost" && pairs=${DEVICE_CHECK_CUDA_PAIRS:-"1 2 3"}
       for pair in $pairs; do
         for run in plain-ddp bsp; do
           flags=(--balancer bsp)
