@@ -128,7 +128,7 @@ class LoadBalancer:
         self._check_loss, self._warned_loss, self._scaled_step = check_loss, False, -1
         self.micro_batches = _positive_int(micro_batches, "micro_batches", 1)
         self._micro = 0  # scale() calls in the current step (the micro-batch the next one is for)
-        self._bytes_per_sample, self._max_batch = 0.0, 0
+        self._bytes_per_sample, self._max_batch, self._cached_bytes = 0.0, 0, 0
         self._resting: Optional[int] = None  # bytes allocated on the device at the last step() (CUDA)
         # CUDA: the window that closed at the last bucket (batch, opened, ready, exo), and the last closed window not
         # yet reported (the same and its waits' events): read one step later, when the device has run it.
@@ -564,12 +564,14 @@ class LoadBalancer:
         if from_step:
             self._send_report(k, t0)
         elif self._cuda:  # the device may still run step k's optimizer: no waiting for it here
-            self._after_barrier, self._resting = None, torch.cuda.memory_allocated(self._device)
+            self._after_barrier, self._resting = None, self._allocator()[0]
         else:  # the window of step k+1 is open since step k's allreduce: what ran since was step k's work
             self._after_barrier = (k, self._window_s(t0), int(self._sizes[k][self.rank]))
         # On CUDA step k+1's window is open on the device since step k's allreduce: waiting here for other ranks'
-        # reports (lag 0) leaves the device idle, which is not this rank's work.
-        waiting = self._off_the_device_clock() if self._cuda and not from_step else contextlib.nullcontext()
+        # reports (lag 0) leaves the device idle, which is not this rank's work (two events, ~20 us each: only
+        # where the reports have not all arrived).
+        blocks = self._cuda and not from_step and not self._arrived_through(k - self.lag)
+        waiting = self._off_the_device_clock() if blocks else contextlib.nullcontext()
         with waiting:
             self._decide_through(k - self.lag, block=True)  # step k+1's sizes
         if self.lag:
@@ -581,6 +583,15 @@ class LoadBalancer:
             self._restart_clock()
         self.timing["step_s"] += time.perf_counter() - t0
         return self._sizes[k + 1].copy()
+
+    def _arrived_through(self, last: int) -> bool:
+        """Whether the reports _decide_through(last, block=True) takes are all here (it would not wait)."""
+        j = self._decided + 1
+        while j <= last and self._exchange.launched(j):
+            if not self._exchange.arrived(j):
+                return False
+            j += 1
+        return True
 
     def _decide_through(self, last: int, block: bool) -> None:
         """Decides from the reports of the steps up to ``last`` that have left (waiting for them if block)."""
@@ -756,16 +767,26 @@ class LoadBalancer:
             raise ValueError(f"LoadBalancer: monitor must return [cpu_avail, mem_avail, load], got {m}")
         return m
 
+    def _allocator(self) -> Tuple[int, int, int]:
+        """Bytes allocated now, at the peak and reserved on the model's device, in one read of the caching
+        allocator's counters (torch.cuda.memory_allocated and its kin each build and flatten all ~120 of them:
+        ~70-100 us a call, where this step needs three)."""
+        stats = torch.cuda.memory_stats_as_nested_dict(self._device)
+        allocated = stats.get("allocated_bytes", {}).get("all", {})
+        reserved = stats.get("reserved_bytes", {}).get("all", {})
+        return allocated.get("current", 0), allocated.get("peak", 0), reserved.get("current", 0)
+
     def _note_memory(self) -> None:
         """Bytes per sample on CUDA from the process's peak since the start (never reset: the user's statistics
         stay) over the largest batch seen, above what stays allocated between steps (read at the last step(),
-        or now where the step's work is done)."""
+        or now where the step's work is done); and the allocator's cached bytes, for the cap."""
         n = int(self._sizes[self._step][self.rank])
         self._max_batch = max(self._max_batch, n)
-        peak = torch.cuda.max_memory_allocated(self._device)
-        resting = self._resting if self._resting is not None else torch.cuda.memory_allocated(self._device)
+        allocated, peak, reserved = self._allocator()
+        resting = self._resting if self._resting is not None else allocated
         if self._max_batch > 0 and peak > resting:
             self._bytes_per_sample = (peak - resting) / self._max_batch
+        self._cached_bytes = reserved - allocated
 
     def _mem_cap(self) -> int:
         """Most samples this rank can hold: 0 (no cap) on the CPU; on CUDA what the process can still use (free
@@ -773,5 +794,4 @@ class LoadBalancer:
         if not self._cuda or self._bytes_per_sample <= 0:
             return 0
         free, _ = torch.cuda.mem_get_info(self._device)
-        cached = torch.cuda.memory_reserved(self._device) - torch.cuda.memory_allocated(self._device)
-        return cuda_cap(free, cached, self._bytes_per_sample)
+        return cuda_cap(free, self._cached_bytes, self._bytes_per_sample)
