@@ -209,6 +209,23 @@ def test_monitor_is_the_runtimes():
     assert 0 <= cpu <= 1 and 0 < mem <= 1 and load >= 0, (cpu, mem, load)
 
 
+def test_monitor_reads_proc_at_most_every_min_interval(monkeypatch):
+    """Samples closer than min_interval_s repeat the last read (/proc costs ~70 us; its CPU figures move in 10 ms
+    ticks); one at the interval reads again."""
+    m = lbbsp.torch.ResourceMonitor(min_interval_s=0.01)
+    reads = []
+
+    class Proc:
+        def sample(self):
+            reads.append(len(reads))
+            return [1.0, 0.5, float(len(reads))]
+    m._monitor = Proc()
+    clock = iter([100.0, 100.004, 100.0099, 100.0101, 100.0202])
+    monkeypatch.setattr(lbbsp.torch.monitor, "_clock", lambda: next(clock))
+    got = [m.sample()[2] for _ in range(5)]
+    assert got == [1.0, 1.0, 1.0, 2.0, 3.0], got
+
+
 @pytest.mark.parametrize("world, piggyback, lag", [(2, True, 0), (3, True, 0), (4, True, 0), (16, True, 0),
                                                    (3, False, 0), (3, True, 2)])
 def test_exact_against_one_process(tmp_path, world, piggyback, lag):

@@ -1,17 +1,30 @@
 """This rank's CPU share, memory and load from /proc, measured by the C++ runtime's own monitor
 (runtime/monitor.cpp, compiled into the extension), so lbbsp.torch and ``lbbsp train`` report the same."""
 
-from typing import List
+import time
+from typing import List, Optional
 
 from .. import _lbbsp
+
+_clock = time.monotonic  # the module's clock (a test replaces it)
 
 
 class ResourceMonitor:
     """CPU share left by other processes on this rank's CPUs, memory available and run-queue load per CPU, over
-    the interval since the last sample (the first: since construction), in ``lbbsp.RANK_EXO``'s order."""
+    the interval since the last sample (the first: since construction), in ``lbbsp.RANK_EXO``'s order.
 
-    def __init__(self) -> None:
+    A sample within ``min_interval_s`` of the last one read from /proc returns that one again: the CPU share
+    moves in 10 ms ticks (the C++ monitor reports its last full window of them meanwhile) and reading /proc
+    costs ~70 us, a few percent of a step of a millisecond or two."""
+
+    def __init__(self, min_interval_s: float = 0.01) -> None:
         self._monitor = _lbbsp.ResourceMonitor()
+        self.min_interval_s = min_interval_s
+        self._last: Optional[List[float]] = None
+        self._read_at = 0.0
 
     def sample(self) -> List[float]:
-        return self._monitor.sample()
+        now = _clock()
+        if self._last is None or now - self._read_at >= self.min_interval_s:
+            self._last, self._read_at = list(self._monitor.sample()), now
+        return self._last
