@@ -24,8 +24,8 @@
 # order; torch_cuda: the torch step without its CPU benchmark).
 # Environment: OUT (default results/device_check-DATE), DEVICE_CHECK_FMNIST=FILE.h5 (scaling and interference on
 # that dataset instead of synthetic data), DEVICE_CHECK_TORCH_K=EXPR (pytest -k for test_torch_cuda.py, e.g. "not
-# fake and not memory_cap and not fast_ranks": the real-GPU tests only), DEVICE_CHECK_CUDA_PAIRS="1 2 3" (the CUDA
-# cost step's alternated pairs). Exit status 0 only when no step failed ("no GPU"/"not present" are not
+# fake and not memory_cap and not fast_ranks": the real-GPU tests only), DEVICE_CHECK_CUDA_PAIRS="1 2 3" and
+# DEVICE_CHECK_CUDA_MODELS="mlp cnn" (the CUDA cost step's alternated pairs and models). Exit status 0 only when no step failed ("no GPU"/"not present" are not
 # failures).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -265,23 +265,36 @@ import pathlib, tempfile, test_torch_cuda as t
 t.run(pathlib.Path(tempfile.mkdtemp()), "cuda", "equal", 3)'
     fi
     if ((has_gpu)) && [[ -n $data ]]; then
-      # What the CUDA path costs a step (the host waits for its own backward at the last bucket, step() does not
-      # synchronise the device): 1 rank on the GPU (NCCL), the MLP, nothing to balance (bsp) against plain DDP,
-      # 500 iterations (16 epochs of the synthetic data's 32), alternated three times.
+      # What the CUDA path costs a step: 1 rank on the GPU (NCCL), nothing to balance (bsp) against plain DDP,
+      # 500 iterations (16 epochs of the synthetic data's 32), alternated; the MLP (a step the host holds up) and
+      # the CNN (more of it on the device). Then each runner of the MLP once more under cProfile: where the host's
+      # time goes.
       mkdir -p "$out/torch_cuda_cost" && pairs=${DEVICE_CHECK_CUDA_PAIRS:-"1 2 3"}
-      for pair in $pairs; do
-        for run in plain-ddp bsp; do
-          flags=(--balancer bsp)
-          [[ $run == plain-ddp ]] && flags=(--plain-ddp)
-          run_step "torch_cuda_cost_${run}_$pair" 60 "$torch_py" scripts/torch_train.py --data "$data" --device cuda \
-            --spawn 1 --epochs 16 --max-iterations 500 "${flags[@]}" --summary-json "$out/torch_cuda_cost/$run-$pair.json"
+      models=${DEVICE_CHECK_CUDA_MODELS:-"mlp cnn"}
+      cost_run() {  # NAME MODEL RUNNER [torch_train.py flags...]
+        local name=$1 model=$2 runner=$3 flags=(--balancer bsp)
+        shift 3
+        [[ $runner == plain-ddp ]] && flags=(--plain-ddp)
+        run_step "$name" 60 "$torch_py" scripts/torch_train.py --data "$data" --device cuda --spawn 1 --epochs 16 \
+          --max-iterations 500 --model "$model" "${flags[@]}" "$@"
+      }
+      for model in $models; do
+        for pair in $pairs; do
+          for runner in plain-ddp bsp; do
+            cost_run "torch_cuda_cost_${model}_${runner}_$pair" "$model" "$runner" \
+              --summary-json "$out/torch_cuda_cost/$model-$runner-$pair.json"
+          done
         done
       done
-      log "torch_cuda_cost: $("$torch_py" -c 'import json, sys
-ms = lambda r, p: 1e3 * json.load(open(f"{sys.argv[1]}/{r}-{p}.json"))["mean_iteration_s"]
-rows = [(int(p), ms("plain-ddp", p), ms("bsp", p)) for p in sys.argv[2:]]
-print("; ".join("pair %d: plain DDP %.3f ms, DDP + lbbsp (bsp) %.3f ms" % r for r in rows))' \
-        "$out/torch_cuda_cost" $pairs 2>&1 | tail -n 1)"
+      for runner in plain-ddp bsp; do
+        cost_run "torch_cuda_profile_$runner" mlp "$runner" --profile "$out/torch_cuda_cost/profile-mlp-$runner.txt"
+      done
+      log "torch_cuda_cost: $("$torch_py" -c 'import json, os, sys
+ms = lambda m, r, p: 1e3 * json.load(open(f"{sys.argv[1]}/{m}-{r}-{p}.json"))["mean_iteration_s"]
+rows = [(m, int(p), ms(m, "plain-ddp", p), ms(m, "bsp", p)) for m in sys.argv[2].split() for p in sys.argv[3:]
+        if all(os.path.exists(f"{sys.argv[1]}/{m}-{r}-{p}.json") for r in ("plain-ddp", "bsp"))]
+print("; ".join("%s pair %d: plain DDP %.3f ms, DDP + lbbsp (bsp) %.3f ms" % r for r in rows))' \
+        "$out/torch_cuda_cost" "$models" $pairs 2>&1 | tail -n 1)"
     fi
     # The benchmark on the synthetic data, 60 iterations (its 700 on Fashion-MNIST take ~15 min): 4 ranks on
     # cores of their own, where the 2-core VM oversubscribes them. Not with --steps torch_cuda (the CUDA part only).

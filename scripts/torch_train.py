@@ -16,8 +16,10 @@ the baseline. --device cuda trains on the GPUs (local rank r on GPU r mod count)
 line (and writes --summary-json).
 """
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import socket
 import sys
 import time
@@ -139,6 +141,9 @@ def train(a, local_rank):
     data = batches(a, lb, fixed, rank, steps, xtr, ytr)  # plain DDP and --oracle: a fixed split, no controller
     first = next(data)  # DataLoader workers start here, outside the timed steps
     dist.barrier()
+    profile = cProfile.Profile() if a.profile and rank == 0 else None
+    if profile is not None:  # the host's time in the loop, function by function (where a host-bound step goes)
+        profile.enable()
     for g in range(steps):
         t0 = time.perf_counter()
         sizes.append((fixed if a.plain_ddp or a.oracle else lb.batch_sizes).tolist())
@@ -174,6 +179,10 @@ def train(a, local_rank):
                 acc = evaluate(model.module, xte[:a.test_subset or None], yte[:a.test_subset or None])
             if a.target_accuracy and time_to_target is None and acc >= a.target_accuracy:
                 time_to_target = train_s
+    if profile is not None:
+        profile.disable()
+        with open(a.profile, "w") as f:
+            pstats.Stats(profile, stream=f).sort_stats("tottime").print_stats(40)
     if rank == 0:
         s = {"runner": "plain-ddp" if a.plain_ddp else "ddp+oracle" if a.oracle else "ddp+lbbsp", "balancer": balancer, "ranks": world,
              "model": a.model, "global_batch": a.global_batch, "iterations": steps, "train_time_s": train_s,
@@ -230,6 +239,8 @@ def main():
     ap.add_argument("--test-subset", type=int, default=0)
     ap.add_argument("--target-accuracy", type=float, default=None)
     ap.add_argument("--summary-json", default=None)
+    ap.add_argument("--profile", default=None, metavar="FILE",
+                    help="rank 0 profiles its training loop (cProfile) and writes the 40 costliest functions here")
     ap.add_argument("--spawn", type=int, default=0, help="start N local processes instead of using a launcher")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: local rank r on GPU r %% count; with --spawn, NCCL where each rank has its own GPU "
