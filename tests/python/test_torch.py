@@ -64,6 +64,16 @@ def finish():
     os._exit(0)
 
 
+def resolved_start_method(asked="fork"):
+    """How the ranks start: as asked (fork by default, see spawn()), but spawned where torch sees a GPU: there a
+    backward in this process (one_process's reference) starts autograd's device threads, and a forked rank's
+    backward then fails ("Unable to handle autograd's threading in combination with fork-based
+    multiprocessing", seen on an H200). LBBSP_TEST_START_METHOD=spawn|fork|forkserver overrides both."""
+    if os.environ.get("LBBSP_TEST_START_METHOD"):
+        return os.environ["LBBSP_TEST_START_METHOD"]
+    return "spawn" if asked == "fork" and torch.cuda.is_available() else asked
+
+
 def spawn(fn, world, tmp_path, *args, start_method="fork"):
     """Runs fn(rank, world, store, out, *args) in `world` forked processes. Forked, not spawned: a spawned rank
     imports torch again and, on PyTorch 2.x, DDP's constructor imports torch._dynamo (~2 s each); imported once
@@ -73,7 +83,7 @@ def spawn(fn, world, tmp_path, *args, start_method="fork"):
     store = tmp_path / f"store-{fn.__name__}-{world}-{next(_STORES)}"  # a fresh FileStore per spawn: workers
     # that end with os._exit leave theirs behind
     ranks = mp.start_processes(fn, args=(world, str(store), str(tmp_path), *args), nprocs=world, join=False,
-                               start_method=start_method)
+                               start_method=resolved_start_method(start_method))
     # A hang guard, not a timing: ranks that are still running after this long (a few seconds is the norm) hang,
     # and the test says so and which, instead of the whole CTest test timing out without a name.
     hang_s = float(os.environ.get("LBBSP_TEST_HANG_S", "600"))
@@ -553,7 +563,7 @@ def _hang_worker(rank, world, store, out):
 
 
 def test_hung_rank_is_named_and_others_stop(tmp_path):
-    ctx = mp.get_context("fork")  # as spawn() does
+    ctx = mp.get_context(resolved_start_method())  # as spawn() does
     store = tmp_path / "store-hang"
     procs = [ctx.Process(target=_hang_worker, args=(r, 3, str(store), str(tmp_path))) for r in range(3)]
     for p in procs:

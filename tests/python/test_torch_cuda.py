@@ -242,10 +242,8 @@ def _cuda_worker(rank, world, store, out, mode, what):
 
 
 def run(tmp_path, mode, what, world):
-    # Spawned wherever there is a GPU: a backward in this process (one_process's reference) starts autograd's
-    # device threads there, and a forked rank's backward then fails ("autograd's threading ... fork").
-    start = "spawn" if mode == "cuda" or torch.cuda.is_available() else "fork"
-    spawn(_cuda_worker, world, tmp_path, mode, what, start_method=start)
+    # CUDA's ranks are spawned (a forked child cannot initialise CUDA); the stand-in's as test_torch's are.
+    spawn(_cuda_worker, world, tmp_path, mode, what, start_method="spawn" if mode == "cuda" else "fork")
     got = [read_pickle(tmp_path / f"cuda-{what}-{r}.pkl") for r in range(world)]
     assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
     for r, g in enumerate(got):
