@@ -3,8 +3,8 @@ balancer that gives zero-size slices equals one process on the same global batch
 logged; refused configurations raise. Runs where lightning is installed (python.torch2's venv).
 
 The trainers here start their ranks with start_method="fork" (Lightning's ddp_fork): forked ranks inherit this
-process's imports (torch, lightning, torch._dynamo, ~6 s of CPU per spawned rank); test_example_runs and the
-script launcher's test start them as users do."""
+process's imports (torch, lightning, torch._dynamo, ~6 s of CPU per spawned rank); spawned where torch sees a GPU
+(test_torch.resolved_start_method). test_example_runs and the script launcher's test start them as users do."""
 
 import os
 
@@ -17,7 +17,7 @@ pl = pytest.importorskip("lightning.pytorch", reason="lightning is not installed
 
 from lbbsp.lightning import LoadBalancedDDP  # noqa: E402
 from test_torch import (CLASSES, assert_random5_equals_one_process, data, fixed_metrics, make_model,  # noqa: E402
-                        one_process, read_pickle, synth_images, write_pickle)
+                        one_process, read_pickle, resolved_start_method, synth_images, write_pickle)
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +75,7 @@ class MicroNet(Net):
 
 
 def test_lightning_with_gradient_accumulation_equals_one_process(tmp_path):
-    strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method="fork")
+    strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method=resolved_start_method())
     trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=2, precision="64-true",
                          accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
@@ -100,7 +100,8 @@ class CompiledNet(Net):
 
 def test_lightning_compiled_module_equals_one_process(tmp_path):
     """trainer.fit(torch.compile(module)): Lightning compiles it again over the strategy's DDP, whose comm hook
-    is the balancer's: every rank equals one process."""
+    is the balancer's: every rank equals one process. Forked also where there is a GPU (a compiled module does not
+    pickle for spawned ranks): there it fails once a test before it in this pytest worker ran a backward here."""
     strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method="fork")
     trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=2, precision="64-true",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -124,8 +125,8 @@ class HangNet(Net):
 
 def test_lightning_hung_rank_ends_the_job_naming_it(tmp_path):
     import datetime
-    strategy = LoadBalancedDDP(balancer="lbbsp-cpu", predictor="ema", monitor=fixed_metrics, start_method="fork",
-                               timeout=datetime.timedelta(seconds=8))
+    strategy = LoadBalancedDDP(balancer="lbbsp-cpu", predictor="ema", monitor=fixed_metrics,
+                               start_method=resolved_start_method(), timeout=datetime.timedelta(seconds=8))
     trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=1, precision="64-true",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0)
@@ -165,7 +166,7 @@ class Bf16Net(Net):
 
 
 def test_lightning_bf16_mixed_agrees_on_every_rank_and_learns(tmp_path):
-    strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method="fork")
+    strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics, start_method=resolved_start_method())
     trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=3, precision="bf16-mixed",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0)
@@ -183,7 +184,7 @@ def test_lightning_refuses_what_breaks_the_invariant():
 
 
 def _fit(out, ckpt_path=None, **trainer_kwargs):
-    strategy = LoadBalancedDDP(balancer="random:7", seed=3, monitor=fixed_metrics, start_method="fork")
+    strategy = LoadBalancedDDP(balancer="random:7", seed=3, monitor=fixed_metrics, start_method=resolved_start_method())
     kwargs = dict(accelerator="cpu", devices=3, strategy=strategy, max_epochs=2, precision="64-true", logger=False,
                   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                   num_sanity_val_steps=0)
@@ -226,7 +227,7 @@ class SlowNet(Net):
 
 def test_lightning_slowed_rank_gets_fewer_samples(tmp_path):
     strategy = LoadBalancedDDP(balancer="lbbsp-cpu", predictor="ema", global_batch=64, monitor=fixed_metrics,
-                               start_method="fork")
+                               start_method=resolved_start_method())
     trainer = pl.Trainer(accelerator="cpu", devices=3, strategy=strategy, max_epochs=1, precision="64-true",
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0)
