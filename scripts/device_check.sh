@@ -25,8 +25,8 @@
 # Environment: OUT (default results/device_check-DATE), DEVICE_CHECK_FMNIST=FILE.h5 (scaling and interference on
 # that dataset instead of synthetic data), DEVICE_CHECK_TORCH_K=EXPR (pytest -k for test_torch_cuda.py, e.g. "not
 # fake and not memory_cap and not fast_ranks": the real-GPU tests only), DEVICE_CHECK_CUDA_PAIRS="1 2 3" and
-# DEVICE_CHECK_CUDA_MODELS="mlp cnn" (the CUDA cost step's alternated pairs and models). Exit status 0 only when no step failed ("no GPU"/"not present" are not
-# failures).
+# DEVICE_CHECK_CUDA_MODELS="mlp cnn" (the CUDA cost step's alternated pairs and models). Exit status 0 only when
+# no step failed ("no GPU"/"not present" are not failures).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 2
@@ -167,7 +167,9 @@ fi
 
 # ---- data: synthetic (Fashion-MNIST-shaped) made here, or DEVICE_CHECK_FMNIST ----
 data=${DEVICE_CHECK_FMNIST:-}
-if [[ -z $data ]] && { wanted scaling || wanted interference || wanted telemetry || { { wanted torch || wanted torch_cuda; } && ((!dry)); }; }; then
+torch_data=0
+{ wanted torch || wanted torch_cuda; } && ((!dry)) && torch_data=1
+if [[ -z $data ]] && { wanted scaling || wanted interference || wanted telemetry || ((torch_data)); }; then
   # Full size (50 MB) outside $OUT, so that it does not travel back with the results.
   ddir=$out/data
   ((dry)) || ddir=${TMPDIR:-/tmp}/lbbsp-device-check

@@ -56,8 +56,7 @@ class _HostEvent:
             raise RuntimeError("CUDA error: device not ready (an event not yet completed)")
         return (end.t - self.t) * 1e3
 
-    def synchronize(self):
-        self.fake.event_waits += 1
+    def synchronize(self):  # the emulated device's queued work takes its time: the host waits it out
         time.sleep(max(0.0, self.t - time.perf_counter()))
 
 
@@ -66,8 +65,8 @@ class FakeCuda:
     adds work the host does not wait for; an event completes when what was queued before it is done); the device
     holds RESTING bytes between steps, PER_SAMPLE more a sample at a step's peak (``step(n)``), CACHED unused in
     the caching allocator, and has ``free`` bytes free; resetting the peak statistics fails the test; every device
-    the controller names is kept in ``devices``; counted: the waits for the whole device (``device_syncs``) and for
-    an event (``event_waits``), and the reads of one flattened statistic (``flattened``: memory_allocated & co);
+    the controller names is kept in ``devices``; counted: the waits for the whole device (``device_syncs``) and the
+    reads of one flattened statistic (``flattened``: memory_allocated & co);
     ``ahead_s`` is the most device work still queued when new work came (0 for a host that waits for its device
     every step)."""
     RESTING, PER_SAMPLE, CACHED = 1 << 20, 1000, 2000
@@ -77,7 +76,7 @@ class FakeCuda:
 
     def __init__(self, free):
         self.free, self.peak, self.devices = free, self.RESTING, []
-        self.device_syncs = self.event_waits = self.flattened = 0
+        self.device_syncs = self.flattened = 0
         self.ahead_s = 0.0
         self.busy_until = 0.0  # when the device will have run everything queued so far (perf_counter clock)
 
@@ -190,8 +189,8 @@ class _Rank:
         out = {"bytes_per_sample": lb._bytes_per_sample, "cap": lb._mem_cap(), "measured_s": lb._measured_s}
         if self.fake is not None:
             out["devices"] = sorted({str(d) for d in self.fake.devices})
-            out["device_syncs"], out["event_waits"] = self.fake.device_syncs, self.fake.event_waits
-            out["ahead_s"], out["flattened"] = self.fake.ahead_s, self.fake.flattened
+            out["device_syncs"], out["ahead_s"] = self.fake.device_syncs, self.fake.ahead_s
+            out["flattened"] = self.fake.flattened
         else:
             out["peak_kept"] = torch.cuda.max_memory_allocated(self.device) >= self.peak0
         return out
