@@ -4,7 +4,8 @@ lbbsp.accelerate.prepare in place of accelerator.prepare for the training triple
 
     lbbsp data import-fashion-mnist --out data/fmnist.h5
     torchrun --nproc_per_node 4 examples/accelerate_fmnist.py --data data/fmnist.h5 --slow 3:0.001
-    accelerate launch --cpu --num_processes 4 --mpirun_hostfile hosts examples/accelerate_fmnist.py --data data/fmnist.h5
+    accelerate launch --cpu --num_processes 4 --mpirun_hostfile hosts \
+        examples/accelerate_fmnist.py --data data/fmnist.h5
     python3 examples/accelerate_fmnist.py --data data/fmnist.h5 --devices 4     # accelerate.debug_launcher
 
 --slow RANK:SECONDS makes one rank's step cost SECONDS more per sample (a straggler).

@@ -84,7 +84,8 @@ def scaling_section(out, plots):
     ranks = sorted(ranks)
     lines += ["Efficiency (speed-up over the fewest ranks / ideal), samples/s in brackets; strong: fixed global batch, "
               "weak: fixed batch per rank.", "",
-              "| model_balancer | sweep | batch | " + " | ".join(f"{n} rank{'s' if n > 1 else ''}" for n in ranks) + " |",
+              "| model_balancer | sweep | batch | "
+              + " | ".join(f"{n} rank{'s' if n > 1 else ''}" for n in ranks) + " |",
               "|---|---|---|" + "---:|" * len(ranks)]
     for sweep, kind, table in rows:
         by = {r["ranks"]: r for r in table}
@@ -147,7 +148,10 @@ def predictor_section(out):
         n = sum(g["narx"][0] for g in group)
         r = {p: math.sqrt(sum(g[p][0] * g[p][1] ** 2 for g in group) / max(1, sum(g[p][0] for g in group)))
              for p in PREDICTORS}
-        ratio = (lambda a, b: f"**{a / b:.3f}**" if b > 0 else "-")
+
+        def ratio(a, b):
+            return f"**{a / b:.3f}**" if b > 0 else "-"
+
         lines.append(f"| {label} | {n} | {r['narx']:.4g} | {r['arima']:.4g} | {r['ema']:.4g} | {r['last']:.4g} | "
                      f"{ratio(r['narx'], r['ema'])} | {ratio(r['narx'], r['arima'])} |")
 

@@ -40,8 +40,8 @@ import h5py
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRACES = os.path.normpath(os.path.join(ROOT, "..", "shared", "traces"))
@@ -187,7 +187,7 @@ FAILED_RUNS = []  # "scenario/balancer rN: first error line" of every run that f
 
 def run_failed(what, p):
     text = (p.stderr or p.stdout or "").strip()
-    first = next((l for l in text.splitlines() if "error" in l.lower()), text.splitlines()[0] if text else "")
+    first = next((line for line in text.splitlines() if "error" in line.lower()), text.splitlines()[0] if text else "")
     FAILED_RUNS.append(f"{what}: {first[:300]}")
     log(f"  {what}: FAILED (exit {p.returncode}): {text[-600:]}")
 
@@ -423,8 +423,8 @@ def write_tables(a, cfg, rows, scen_specs, commands):
                      f"{tta} | {tta2} | {accuracy_cell(r)} | "
                      f"{fmt(r.get('fixed_s') and 1000 * r['fixed_s'], '.1f', ' ms')} | "
                      f"{fmt(r.get('ideal_speedup'), '.2f', 'x')} |")
-    lines += ["", "fixed: mean iteration time beyond the slowest rank's compute (allreduce, SGD step, balancer), which no "
-              "balancer removes. ideal: mean_t(max_i 1/c_i) / mean_t(R / sum_i c_i) over the capacities c the "
+    lines += ["", "fixed: mean iteration time beyond the slowest rank's compute (allreduce, SGD step, balancer), "
+              "which no balancer removes. ideal: mean_t(max_i 1/c_i) / mean_t(R / sum_i c_i) over the capacities c the "
               "run saw (telemetry), the speed-up of a perfect split over an equal one with compute linear in the "
               "batch and no fixed cost: the ceiling for that scenario and window (stress: the share model).",
               "gpu-sim rows: `lbbsp simulate --profile gpu` (simulated seconds; no training, so no accuracy).",
@@ -580,7 +580,8 @@ def trace_ceiling(lbbsp, path, ranks_list, window_s, rate, windows, seed):
     hi = max(v[-1, 0] for v in ser.values())
     lines = [f"Ideal speed-up over BSP on {os.path.basename(path)}: {windows} random windows of {window_s:.0f} s "
              f"of training at rate {rate:g} ({span / 60:.0f} min of trace), capacity = 1 - CPU util", "",
-             "| ranks | placement | mean | median | p25 | p75 | share of windows >= 1.4x |", "|---|---|---|---|---|---|---|"]
+             "| ranks | placement | mean | median | p25 | p75 | share of windows >= 1.4x |",
+             "|---|---|---|---|---|---|---|"]
     for R in ranks_list:
         res = {"co-located (align=time)": [], "independent (align=random)": []}
         for _ in range(windows):

@@ -17,8 +17,8 @@ import h5py
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 FIELDS = ["iteration", "rank", "batch", "compute_s", "wait_s", "allreduce_s", "balancer_s"]
 

@@ -95,10 +95,10 @@ def markdown(kind, folder, table, cores):
 
 
 def plot(kind, table, path, title, cores):
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-    import matplotlib.ticker  # noqa: PLC0415
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     n = [r["ranks"] for r in table]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -141,7 +141,7 @@ def main():
         p.error("give at least one --strong DIR or --weak DIR")
     if not a.no_plot:
         try:
-            import matplotlib  # noqa: F401, PLC0415
+            import matplotlib  # noqa: F401
         except ImportError:
             sys.exit(f"plot_scaling: error: {sys.executable} has no matplotlib: install the Debian package "
                      "python3-matplotlib, run with /usr/bin/python3, or pass --no-plot for tables only")

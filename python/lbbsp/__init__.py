@@ -250,7 +250,8 @@ class Balancer:
 
     def __repr__(self) -> str:
         c = self._config
-        return f"lbbsp.Balancer({c.name!r}, workers={c.workers}, global_batch={c.global_batch}, iteration={self._iteration})"
+        return (f"lbbsp.Balancer({c.name!r}, workers={c.workers}, global_batch={c.global_batch}, "
+                f"iteration={self._iteration})")
 
 
 _STATE_MAGIC = b"lbbsp-balancer-1\n"

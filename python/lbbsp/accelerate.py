@@ -33,7 +33,8 @@ __all__ = ["prepare"]
 def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             dataloader: torch.utils.data.DataLoader, *, global_batch: Optional[int] = None,
             balancer: str = "lbbsp-cpu", predictor: str = "narx", seed: int = 1, min_batch: int = 0,
-            timeout_s: Optional[float] = None, monitor: Optional[Callable[[], Any]] = None) -> Tuple[Any, Any, Any, LoadBalancer]:
+            timeout_s: Optional[float] = None,
+            monitor: Optional[Callable[[], Any]] = None) -> Tuple[Any, Any, Any, LoadBalancer]:
     """Prepares (model, optimizer, dataloader) with ``accelerator`` and balances them; returns the prepared model
     and optimizer, the balanced DataLoader and the LoadBalancer. ``global_batch`` (samples per optimizer step)
     defaults to the DataLoader's ``batch_size`` times the number of processes times the accelerator's

@@ -116,7 +116,8 @@ class LoadBalancedDDP(DDPStrategy):
             self.load_balancer.load_state_dict(self._pending_state)
             self._pending_state = None
         kwargs = dict(pin_memory=dataloader.pin_memory, timeout=dataloader.timeout,
-                      worker_init_fn=dataloader.worker_init_fn, multiprocessing_context=dataloader.multiprocessing_context,
+                      worker_init_fn=dataloader.worker_init_fn,
+                      multiprocessing_context=dataloader.multiprocessing_context,
                       persistent_workers=dataloader.persistent_workers)
         prefetch = dataloader.prefetch_factor if dataloader.num_workers > 0 else None
         loader = self.load_balancer.data_loader(dataset, num_workers=dataloader.num_workers,

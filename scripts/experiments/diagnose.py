@@ -27,7 +27,6 @@ def main():
             r = {k: f["records"][k][:] for k in f["records"].keys()}
         its = np.unique(r["iteration"])
         its = its[its >= a.skip]
-        R = int(r["rank"].max()) + 1
         idx = {int(i): np.where(r["iteration"] == i)[0] for i in its}
         comp = np.array([r["compute_s"][idx[i]] for i in its])  # [iter, rank]
         bat = np.array([r["batch"][idx[i]] for i in its])

@@ -22,7 +22,6 @@ import sys
 
 import h5py
 import numpy as np
-
 from telemetry_eval import setting_of  # the same setting names as the table (b) script
 
 ALPHA = 0.3  # EMA of lbbsp's `ema` predictor
@@ -65,7 +64,8 @@ def one(m, i):
     v = np.where(np.isfinite(v) & (v > 0), v, np.nan)
     cpu, ema = m["cpu_avail"][i], ema_of(v)
     t = np.arange(3, v.size - 1)  # predict v[t+1] from what is known at t
-    known = [np.ones(len(t)), v[t], v[t - 1], v[t - 2], ema[t], cpu[t], m["mem_avail"][i][t], m["load"][i][t], cpu[t - 1]]
+    known = [np.ones(len(t)), v[t], v[t - 1], v[t - 2], ema[t], cpu[t], m["mem_avail"][i][t], m["load"][i][t],
+             cpu[t - 1]]
     unknown = [m["batch"][i][t + 1], m["capacity"][i][t + 1]]
     for j in range(m["actual_speed"].shape[0]):
         if j != i:  # an idle rank (no speed) counts as speed 0
@@ -76,7 +76,10 @@ def one(m, i):
     ok = np.all(np.isfinite(Xo), axis=1) & np.isfinite(y)
     X, Xo, y, e_next = X[ok], Xo[ok], y[ok], ema[t][ok]
     ema_sq = float(np.sum((e_next - y) ** 2))
-    corr = lambda a, b: float(np.corrcoef(a, b)[0, 1]) if np.std(a) > 0 and np.std(b) > 0 else float("nan")
+
+    def corr(a, b):
+        return float(np.corrcoef(a, b)[0, 1]) if np.std(a) > 0 and np.std(b) > 0 else float("nan")
+
     return len(y), sse_of_fit(X, y), sse_of_fit(Xo, y), ema_sq, corr(X[:, 5], y), corr(X[:, 1], y)
 
 
@@ -107,7 +110,10 @@ def main():
         hind, orac = (np.sqrt(sum(r[2][k] for r in rows) / ema_sq) for k in (1, 2))
         ce = [r[2][4] for r in rows if np.isfinite(r[2][4])]
         cl = [r[2][5] for r in rows if np.isfinite(r[2][5])]
-        rng = lambda c: f"{min(c):.2f} to {max(c):.2f}" if c else "-"
+
+        def rng(c):
+            return f"{min(c):.2f} to {max(c):.2f}" if c else "-"
+
         print(f"| {setting} | {len(rows)} | {n} | {hind:.3f} | {orac:.3f} | {rng(ce)} | {rng(cl)} |")
         if a.per_rank:
             for name, rank, (steps, h, o, e, c1, c2) in rows:

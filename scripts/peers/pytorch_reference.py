@@ -43,16 +43,16 @@ def build(case):
     if case["kind"] in ("logreg", "mlp"):
         widths = case["hidden"] + [k]
         tensors, fan_in = [], c * h * w
-        for l, out in enumerate(widths):
-            tensors.append((f"fc{l + 1}.weight", [out, fan_in]))
-            tensors.append((f"fc{l + 1}.bias", [out]))
+        for layer, out in enumerate(widths):
+            tensors.append((f"fc{layer + 1}.weight", [out, fan_in]))
+            tensors.append((f"fc{layer + 1}.bias", [out]))
             fan_in = out
 
         def forward(p, x):
             a = x.reshape(x.shape[0], -1)
-            for l in range(len(widths)):
-                a = F.linear(a, p[2 * l], p[2 * l + 1])
-                if l + 1 < len(widths):
+            for layer in range(len(widths)):
+                a = F.linear(a, p[2 * layer], p[2 * layer + 1])
+                if layer + 1 < len(widths):
                     a = F.relu(a)
             return a
 
@@ -77,7 +77,7 @@ def run(case):
     n, k = case["n"], case["classes"]
     tensors, perms, forward = build(case)
     flat, offset, params = [], 0, []
-    for (name, shape), perm in zip(tensors, perms):
+    for (_name, shape), perm in zip(tensors, perms):
         size = math.prod(shape)
         ours = torch.tensor([param_value(offset + i) for i in range(size)], dtype=torch.float64).reshape(shape)
         theirs = ours.permute(*perm).contiguous() if perm else ours.clone()

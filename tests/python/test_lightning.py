@@ -15,9 +15,20 @@ import torch.nn.functional as F
 
 pl = pytest.importorskip("lightning.pytorch", reason="lightning is not installed (python.torch2 installs it)")
 
+from test_torch import (  # noqa: E402
+    CLASSES,
+    assert_random5_equals_one_process,
+    data,
+    fixed_metrics,
+    make_model,
+    one_process,
+    read_pickle,
+    resolved_start_method,
+    synth_images,
+    write_pickle,
+)
+
 from lbbsp.lightning import LoadBalancedDDP  # noqa: E402
-from test_torch import (CLASSES, assert_random5_equals_one_process, data, fixed_metrics, make_model,  # noqa: E402
-                        one_process, read_pickle, resolved_start_method, synth_images, write_pickle)
 
 
 @pytest.fixture(autouse=True)

@@ -166,8 +166,10 @@ def drive(b, steps, rng, speed):
 @pytest.mark.parametrize("name", ["lbbsp-cpu", "lbbsp-gpu", "lbbsp-gpu-model", "static:4", "random:3", "bsp"])
 def test_state_round_trip_continues_identically(name):
     speed = np.array([1000.0, 800.0, 300.0, 100.0])
-    make = lambda: lbbsp.Balancer(name, workers=4, global_batch=128, predictor="narx", seed=2, num_exo=1,
-                                  capacity_exo=0)
+
+    def make():
+        return lbbsp.Balancer(name, workers=4, global_batch=128, predictor="narx", seed=2, num_exo=1, capacity_exo=0)
+
     a = make()
     sizes, _ = drive(a, 25, np.random.default_rng(1), speed)
     state, pickled = a.save_state(), pickle.dumps(a)

@@ -15,21 +15,20 @@ import os
 # (the ranks that use CUDA are spawned).
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
-import datetime  # noqa: E402
-import time  # noqa: E402
-import types  # noqa: E402
+import datetime
+import time
+import types
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from test_torch import (CLASSES, DIM, data, finish, init, make_model, one_process, read_pickle, spawn,  # noqa: E402
-                        write_pickle)
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from test_torch import CLASSES, DIM, data, finish, init, make_model, one_process, read_pickle, spawn, write_pickle
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lbbsp.torch import LoadBalancer  # noqa: E402
-from lbbsp.torch.controller import cuda_cap  # noqa: E402
+from lbbsp.torch import LoadBalancer
+from lbbsp.torch.controller import cuda_cap
 
 # LBBSP_REQUIRE_CUDA=1 (scripts/device_check.sh on a GPU machine): the "cuda" runs fail rather than skip there.
 RUN_CUDA = torch.cuda.is_available() or os.environ.get("LBBSP_REQUIRE_CUDA") == "1"

@@ -54,8 +54,8 @@ def rel_close(a, b, rtol):
 
 
 def h5_arrays(path):
-    import h5py  # noqa: PLC0415 (only this check needs it)
-    import numpy as np  # noqa: PLC0415
+    import h5py
+    import numpy as np
     out = {}
     with h5py.File(path, "r") as f:
         f.visititems(lambda name, obj: out.__setitem__(name, np.asarray(obj[()], dtype=np.float64))
@@ -77,7 +77,7 @@ def compare(args):
     if abs(a["test_accuracy"] - b["test_accuracy"]) > args.acc_atol:
         bad.append(f"test_accuracy {a['test_accuracy']!r} vs {b['test_accuracy']!r}: beyond {args.acc_atol}")
     if args.params:
-        import numpy as np  # noqa: PLC0415
+        import numpy as np
         pa, pb = h5_arrays(args.params[0]), h5_arrays(args.params[1])
         if sorted(pa) != sorted(pb):
             bad.append(f"parameter tensors differ: {sorted(pa)} vs {sorted(pb)}")
