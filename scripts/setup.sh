@@ -32,7 +32,7 @@ packages=("${build_packages[@]}"
   dataset-fashion-mnist python3 python3-numpy python3-h5py python3-statsmodels python3-matplotlib stress-ng
   python3-venv python3-pytest python3-pytest-xdist python3-torch
   slurm-wlm munge iproute2
-  clang libclang-rt-dev universal-ctags qemu-user
+  clang libclang-rt-dev clang-format universal-ctags qemu-user
 )
 if ((build_deps)); then
   packages=("${build_packages[@]}")
