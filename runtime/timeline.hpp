@@ -56,7 +56,6 @@ class Timeline {
   void writer_loop();
   void write_events(const std::vector<Event>& events);
   void append_event(const Event& e, std::string* out);
-  void throw_if_failed();
 
   std::string path_;
   int fd_ = -1;

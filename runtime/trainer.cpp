@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "balancer/sampling.hpp"
 #include "models/model.hpp"
 #include "models/optimizer.hpp"
 #include "runtime/batch_manager.hpp"
@@ -78,7 +79,7 @@ Trainer::Step Trainer::begin_iteration(int64_t it) {
   s.it = it;
   s.epoch = it / per_epoch_;
   s.pos = it % per_epoch_;
-  if (s.pos == 0 || perm_.empty()) perm_ = epoch_permutation(n_train_, cfg_.seed, s.epoch);
+  if (s.pos == 0 || perm_.empty()) perm_ = balancer::epoch_permutation(n_train_, cfg_.seed, s.epoch);
   s.t_iter = Clock::now();
   conditions_->begin_iteration(it, seconds_since(t0_));
   watchdog_->beat(it, "compute");

@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "balancer/sampling.hpp"
 #include "runtime/comm.hpp"
 #include "runtime/fault_injection.hpp"
 #include "runtime/hooks.hpp"
@@ -204,8 +203,5 @@ class Trainer {
   Clock::time_point t0_;
   Hooks hooks_;
 };
-
-// The epoch permutation lives in the core library (balancer/sampling.hpp), shared with the Python package.
-using balancer::epoch_permutation;
 
 }  // namespace lbbsp::runtime

@@ -58,12 +58,6 @@ void check_labels(const uint8_t* labels, int n, int classes) {
                               " is out of range for " + std::to_string(classes) + " classes");
 }
 
-size_t count_of(const TensorInfo& t) {
-  size_t count = 1;
-  for (int d : t.shape) count *= size_t(d);
-  return count;
-}
-
 // Evaluation walks the samples in chunks of this many, so a whole test set does not grow the activations.
 constexpr int kEvalChunk = 1024;
 

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """PyTorch DDP peer of `lbbsp train` with the bsp balancer: the same MLP (784-256-128-10 ReLU) or CNN, the same
-data order (lbbsp's epoch permutation: splitmix64 Fisher-Yates, ported from runtime/trainer.cpp), the same global
+data order (lbbsp's epoch permutation: splitmix64 Fisher-Yates, ported from balancer/sampling.cpp, which the Python
+package offers as lbbsp.epoch_permutation; this peer runs without lbbsp installed), the same global
 batch cut into equal slices (DDP cannot rebalance), SGD with momentum, and the same static straggler emulation: a
 rank at capacity c stretches its compute (forward + backward) to compute / c (or, with --cost-slope S, to
 S x batch / c, lbbsp's linear cost gpu=0:0:S:CAP) by sleeping the difference before its
@@ -34,7 +35,8 @@ M64 = (1 << 64) - 1
 
 
 def epoch_permutation(n, seed, epoch):
-    """Exact port of runtime/trainer.cpp epoch_permutation (splitmix64 stream, Fisher-Yates from the end)."""
+    """Exact port of balancer/sampling.cpp's epoch_permutation (lbbsp.epoch_permutation; splitmix64 stream,
+    Fisher-Yates from the end)."""
     p = list(range(n))
     state = (seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + 1) & M64
     for i in range(n - 1, 0, -1):

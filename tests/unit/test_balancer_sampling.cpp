@@ -20,6 +20,8 @@ TEST(Sampling, PermutationIsAPermutationAndSeeded) {
   EXPECT_EQ(sorted, iota);
   EXPECT_EQ(p, epoch_permutation(1000, 5, 0));
   EXPECT_NE(p, epoch_permutation(1000, 5, 1));
+  EXPECT_NE(p, epoch_permutation(1000, 6, 0));
+  EXPECT_TRUE(epoch_permutation(0, 1, 0).empty());
   EXPECT_THROW(epoch_permutation(-1, 1, 0), std::invalid_argument);
 }
 

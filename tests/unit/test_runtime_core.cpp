@@ -1,4 +1,4 @@
-// Runtime pieces that need no MPI: the dataset reader (in memory and out of core), the epoch permutation,
+// Runtime pieces that need no MPI: the dataset reader (in memory and out of core),
 // straggler specs and emulation, the timeline's always-valid JSON, and the kernels' environment.
 #include <gtest/gtest.h>
 
@@ -65,17 +65,6 @@ TEST(Dataset, MissingFileIsNamed) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/x.h5"), std::string::npos) << e.what();
   }
-}
-
-TEST(EpochPermutation, IsASeededPermutationThatChangesPerEpoch) {
-  auto p = epoch_permutation(1000, 5, 0);
-  auto sorted = p;
-  std::sort(sorted.begin(), sorted.end());
-  for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(sorted[i], i);
-  EXPECT_EQ(p, epoch_permutation(1000, 5, 0));
-  EXPECT_NE(p, epoch_permutation(1000, 5, 1));
-  EXPECT_NE(p, epoch_permutation(1000, 6, 0));
-  EXPECT_TRUE(epoch_permutation(0, 1, 0).empty());
 }
 
 TEST(Straggler, StaticFactorsCycleAndStretchCompute) {
