@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -13,6 +12,7 @@
 #include <stdexcept>
 
 #include "balancer/balancer.hpp"
+#include "common/format.hpp"
 #include "predictors/predictor.hpp"
 
 namespace lbbsp::runtime {
@@ -109,18 +109,16 @@ std::vector<T> read_column(hid_t group, const std::string& name, hid_t mem_type,
   return v;
 }
 
-std::string fmt(double v, int precision = 6) {
-  if (!std::isfinite(v)) return "nan";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*g", precision, v);
-  return buf;
+// A score to `precision` significant digits; "nan" for any non-finite one.
+std::string score(double v, int precision) {
+  return std::isfinite(v) ? fmt("%.*g", precision, v) : "nan";
 }
 
 void md_table(std::ostringstream& out, const std::vector<PredictorScore>& rows) {
   out << "| predictor | steps | RMSE | MAE | MAPE % | RMSE / EMA |\n|---|---:|---:|---:|---:|---:|\n";
   for (const auto& r : rows)
-    out << "| " << r.predictor << " | " << r.steps << " | " << fmt(r.rmse, 5) << " | " << fmt(r.mae, 5)
-        << " | " << fmt(r.mape, 4) << " | " << fmt(r.rmse_vs_ema, 4) << " |\n";
+    out << "| " << r.predictor << " | " << r.steps << " | " << score(r.rmse, 5) << " | " << score(r.mae, 5)
+        << " | " << score(r.mape, 4) << " | " << score(r.rmse_vs_ema, 4) << " |\n";
 }
 
 }  // namespace
@@ -268,8 +266,8 @@ std::string format_report(const EvalReport& report, const std::string& format) {
     out << "family,predictor,steps,rmse,mae,mape,rmse_vs_ema\n";
     auto rows = [&](const std::string& family, const std::vector<PredictorScore>& scores) {
       for (const auto& s : scores)
-        out << family << "," << s.predictor << "," << s.steps << "," << fmt(s.rmse, 8) << "," << fmt(s.mae, 8)
-            << "," << fmt(s.mape, 8) << "," << fmt(s.rmse_vs_ema, 8) << "\n";
+        out << family << "," << s.predictor << "," << s.steps << "," << score(s.rmse, 8) << ","
+            << score(s.mae, 8) << "," << score(s.mape, 8) << "," << score(s.rmse_vs_ema, 8) << "\n";
     };
     rows("all", report.overall);
     for (const auto& [name, scores] : report.by_family) rows(name, scores);

@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <stdexcept>
 
+#include "common/format.hpp"
 #include "runtime/h5.hpp"
 
 namespace lbbsp::runtime::report {
@@ -62,11 +62,6 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
-std::string fmt(const char* f, double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, f, v);
-  return b;
-}
 std::string pct(double v) {
   return fmt("%.1f%%", 100 * v);
 }

@@ -13,14 +13,12 @@
 #include <stdexcept>
 
 #include "balancer/balancer.hpp"
+#include "common/format.hpp"
 
 namespace lbbsp::runtime {
 namespace {
 
 using balancer::TimeCurve;
-
-const char* const kBalancerNames[] = {"bsp",       "static", "random", "lbbsp-cpu", "lbbsp-gpu-model",
-                                      "lbbsp-gpu", "oracle"};
 
 std::string base_name(const std::string& entry) {
   return entry.substr(0, entry.find(':'));
@@ -28,8 +26,8 @@ std::string base_name(const std::string& entry) {
 
 bool starts_with_balancer(const std::string& piece) {
   const std::string base = base_name(piece);
-  return std::any_of(std::begin(kBalancerNames), std::end(kBalancerNames),
-                     [&](const char* n) { return base == n; });
+  const auto& kinds = balancer::balancer_kinds();
+  return std::find(kinds.begin(), kinds.end(), base) != kinds.end();
 }
 
 void check_config(const SimulatorConfig& cfg) {
@@ -197,12 +195,6 @@ Run run_one(const SimulatorConfig& cfg, const Cluster& cluster, balancer::Balanc
   return run;
 }
 
-std::string fmt(double v, const char* f = "%.4g") {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
-
 }  // namespace
 
 double ring_allreduce_s(int workers, double bytes, double bandwidth_Bps, double latency_s) {
@@ -307,15 +299,15 @@ std::string to_markdown(const SimulationResult& res) {
   std::string s = "simulated " + std::to_string(res.workers) + " workers x " +
                   std::to_string(res.iterations) + " iterations, profile " + res.profile + ", global batch " +
                   std::to_string(res.global_batch) + ", " + std::to_string(res.trace_series) +
-                  " trace series, allreduce " + fmt(res.allreduce_s * 1e3) + " ms\n\n";
+                  " trace series, allreduce " + fmt("%.4g", res.allreduce_s * 1e3) + " ms\n\n";
   s += "| balancer | predictor | mean iteration (s) | efficiency vs oracle | speed-up vs BSP | wait fraction "
        "| decision ms/iter |\n";
   s += "| --- | --- | ---: | ---: | ---: | ---: | ---: |\n";
   for (const auto& r : res.results)
     s += "| " + r.balancer + " | " + (r.predictor.empty() ? "-" : r.predictor) + " | " +
-         fmt(r.mean_iteration_s) + " | " + fmt(r.efficiency_vs_oracle, "%.3f") + " | " +
-         fmt(r.speedup_vs_bsp, "%.3f") + " | " + fmt(r.wait_fraction, "%.3f") + " | " +
-         fmt(r.decision_ms_per_iteration, "%.3g") + " |\n";
+         fmt("%.4g", r.mean_iteration_s) + " | " + fmt("%.3f", r.efficiency_vs_oracle) + " | " +
+         fmt("%.3f", r.speedup_vs_bsp) + " | " + fmt("%.3f", r.wait_fraction) + " | " +
+         fmt("%.3g", r.decision_ms_per_iteration) + " |\n";
   return s;
 }
 
