@@ -120,6 +120,7 @@ class LightningMLP(pl.LightningModule):
 
 def run_lightning(a, mode):
     from lightning.pytorch.strategies import DDPStrategy
+
     from lbbsp.lightning import LoadBalancedDDP
     strategy = DDPStrategy(start_method="spawn") if mode == "plain" else \
         LoadBalancedDDP(balancer="lbbsp-cpu", predictor="narx", start_method="spawn")
@@ -131,6 +132,7 @@ def run_lightning(a, mode):
 
 def run_accelerate(a, mode):
     import accelerate
+
     import lbbsp.accelerate
 
     torch.set_num_threads(1)

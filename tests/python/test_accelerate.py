@@ -12,9 +12,18 @@ import torch.nn.functional as F
 
 accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed (python.torch2 installs it)")
 
+from test_torch import (  # noqa: E402
+    assert_random5_equals_one_process,
+    data,
+    fixed_metrics,
+    make_model,
+    one_process,
+    read_pickle,
+    synth_images,
+    write_pickle,
+)
+
 import lbbsp.accelerate  # noqa: E402
-from test_torch import (assert_random5_equals_one_process, data, fixed_metrics, make_model,  # noqa: E402
-                        one_process, read_pickle, synth_images, write_pickle)
 
 
 class Recorder:

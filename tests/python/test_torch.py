@@ -27,7 +27,7 @@ import lbbsp
 from lbbsp.torch import LoadBalancer
 
 with contextlib.suppress(ImportError):  # PyTorch 2.x: DDP's constructor imports it; the forked ranks inherit it
-    import torch._dynamo  # noqa: F401
+    import torch._dynamo
 
 N, DIM, CLASSES = 240, 12, 4
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
@@ -1129,6 +1129,7 @@ def test_state_is_identical_everywhere_and_loads_at_another_world_size(tmp_path)
 
 def _dcp_worker(rank, world, store, out, phase):
     import warnings
+
     import torch.distributed.checkpoint as dcp
     init(rank, world, store)
     x, y = data()

@@ -13,8 +13,7 @@ import torch.distributed as dist
 import lbbsp
 
 from ._util import _positive_int
-from .exchange import (CAP, CHECKSUM, EXO, MEASURED, REPORT, STATUS, ReportExchange, checksum, disagreement,
-                       group_ranks)
+from .exchange import CAP, CHECKSUM, EXO, MEASURED, REPORT, STATUS, ReportExchange, checksum, disagreement, group_ranks
 from .hooks import sum_allreduce_hook
 from .monitor import ResourceMonitor
 from .sampler import AllowEmpty, BalancedBatchSampler, required_lag
