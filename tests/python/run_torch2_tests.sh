@@ -44,4 +44,5 @@ cd "$SCRATCH"
 # One test per core at a time (pytest-xdist): most of a test's time is its ranks starting and waiting on each
 # other, and none races the clock (docs/testing.md).
 LBBSP_BIN=$LBBSP "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "$(nproc)" "$SRC/tests/python/test_torch.py" \
-  "$SRC/tests/python/test_torch_cuda.py" "$SRC/tests/python/test_lightning.py" "$SRC/tests/python/test_accelerate.py"
+  "$SRC/tests/python/test_torch_cuda.py" "$SRC/tests/python/test_lightning.py" "$SRC/tests/python/test_accelerate.py" \
+  "$SRC/tests/python/test_endings.py"

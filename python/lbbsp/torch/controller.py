@@ -14,7 +14,7 @@ import lbbsp
 
 from ._util import _positive_int
 from .exchange import CAP, CHECKSUM, EXO, MEASURED, REPORT, STATUS, ReportExchange, checksum, disagreement, group_ranks
-from .hooks import sum_allreduce_hook
+from .hooks import first_tensor, sum_allreduce_hook, then
 from .monitor import ResourceMonitor
 from .sampler import AllowEmpty, BalancedBatchSampler, required_lag
 
@@ -158,6 +158,7 @@ class LoadBalancer:
                              f"process_group balances over ranks {self._ranks}: pass the DDP model's process_group "
                              "(DDP(module, process_group=g) and LoadBalancer(..., process_group=g))")
         self._model = model
+        self._weak_self = weakref.ref(self)
         self._plain_bn = model is not None and any(
             isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm)
             for m in model.modules())
@@ -170,7 +171,7 @@ class LoadBalancer:
             # The hook holds the LoadBalancer weakly: no reference cycle (model -> hook -> self -> model), so a
             # dropped LoadBalancer and its process groups go at once, in the thread that drops them, and not in
             # a garbage collection that may run anywhere (in a gloo thread's callback, say).
-            me, orphaned = weakref.ref(self), []
+            me, orphaned = self._weak_self, []
 
             def hook(state: Optional[dist.ProcessGroup], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
                 lb = me()
@@ -455,21 +456,29 @@ class LoadBalancer:
                 self._send_report(k, ready_s, ready)
         # One callback per bucket: each costs the gloo thread a turn at the GIL.
         if not last:
-            return work.get_future().then(lambda f: f.value()[0])
+            return then(work.get_future(), first_tensor)
+        me = self._weak_self  # not self: the gloo thread that drops this callback must never drop the last
+        # reference to the LoadBalancer (its teardown, with its process groups', would then run in that thread)
 
         def done(f: torch.futures.Future) -> torch.Tensor:
             value = f.value()  # raises what the allreduce raised (a peer gone, a timeout)
-            if sends:  # step k+1's window opens as the barrier is left (on CUDA: where the device leaves it)
-                self._restart_clock(self._device_event() if self._cuda else None)
-            elif self._cuda:
-                self._events.append((ready, self._device_event()))
-            else:
-                self._wait_s += time.perf_counter() - ready_s  # a second backward in one step
+            lb = me()
+            if lb is not None:
+                lb._left_barrier(sends, ready, ready_s)
             return value[0] if gradients is None else gradients
-        fut = work.get_future().then(done)
+        fut = then(work.get_future(), done)
         if gradients is not None:
             self._exchange.ride(k, work, combined, fut)
         return fut
+
+    def _left_barrier(self, sends: bool, ready: Optional[Any], ready_s: float) -> None:
+        """This rank left the gradient allreduce (in the thread that completed it)."""
+        if sends:  # step k+1's window opens as the barrier is left (on CUDA: where the device leaves it)
+            self._restart_clock(self._device_event() if self._cuda else None)
+        elif self._cuda:
+            self._events.append((ready, self._device_event()))
+        else:
+            self._wait_s += time.perf_counter() - ready_s  # a second backward in one step
 
     def _device_event(self) -> Any:
         """A timing event recorded on the model's device's current stream (whichever device is current here)."""
@@ -632,7 +641,7 @@ class LoadBalancer:
             else:
                 decided = self._balancer._next_checked(measured.astype(np.int64), np.ascontiguousarray(compute),
                                                        x, x, mem_cap)
-        except Exception as e:  # noqa: BLE001 - the same on every rank: name the step
+        except Exception as e:  # the same on every rank: name the step (re-raised)
             raise RuntimeError(f"LoadBalancer: step {j}: deciding the sizes of step {j + self.lag + 1} failed "
                                f"on every rank: {type(e).__name__}: {e}") from e
         self._sizes[j + self.lag + 1] = decided

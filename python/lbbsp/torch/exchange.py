@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from .. import RANK_EXO
+from . import hooks
 
 EXO = len(RANK_EXO)  # cpu_avail, mem_avail, load: what the C++ runtime reports, in its order
 # batch, compute seconds, exo..., memory cap, measured batch (the samples of the window the seconds and exo are of:
@@ -83,13 +84,19 @@ _Future = torch.futures.Future
 _LIVE: "weakref.WeakSet[ReportExchange]" = weakref.WeakSet()
 
 
+# At exit, before the interpreter shuts down: a gloo thread that needs the GIL after that point (to drop a callback
+# or the tensors of a collective it completed) is ended inside a C++ destructor and the process aborts
+# ("terminate called without an active exception"). Bounded: a collective whose peer is gone never completes.
+EXIT_WAIT_S = 10.0
+
+
 @atexit.register
 def _drain_at_exit() -> None:
-    """A gloo thread that completes a collective during interpreter shutdown cannot take the GIL to release its
-    tensors and aborts the process ("terminate called without an active exception"): wait for the reports still
-    in flight while Python still runs."""
+    """Waits for the reports still in flight, then until the gloo threads have dropped every callback of ours."""
     for exchange in list(_LIVE):
         exchange.drain(quiet=True)
+    if not any(exchange.broken for exchange in list(_LIVE)):
+        hooks.wait_for_callbacks(EXIT_WAIT_S)
 
 
 class ReportExchange:
@@ -189,7 +196,7 @@ class ReportExchange:
         for step in sorted(self._flight):
             try:
                 self.take(step)
-            except Exception:  # noqa: BLE001 - at exit a failed peer is not this process's error
+            except Exception:  # re-raised unless quiet: at exit a failed peer is not this process's error
                 if not quiet:
                     raise
 
