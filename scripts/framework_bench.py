@@ -168,8 +168,6 @@ def run_accelerate(a, mode):
         sizes = lb.batch_sizes.tolist() if lb is not None else [X // world] * world
         print(json.dumps(clock.summary("accelerate", mode, sizes)), flush=True)
     acc.wait_for_everyone()
-    sys.stdout.flush()
-    os._exit(0)  # no interpreter shutdown: PyTorch issue 117762
 
 
 def one(a):

@@ -4,16 +4,16 @@
 
 Launch with any of (rank and world size come from the launcher's environment):
     torchrun --nproc-per-node 4 scripts/torch_train.py --data data/fmnist.h5
-    mpirun -n 4 python3 scripts/torch_train.py --data data/fmnist.h5        # OMPI_COMM_WORLD_* (MASTER_ADDR: rank 0's host)
+    mpirun -n 4 python3 scripts/torch_train.py --data data/fmnist.h5   # OMPI_COMM_WORLD_* (MASTER_ADDR: rank 0's host)
     srun -n 4 python3 scripts/torch_train.py --data data/fmnist.h5          # SLURM_PROCID / SLURM_NTASKS
     python3 scripts/torch_train.py --data data/fmnist.h5 --spawn 4          # no launcher: 4 local processes
 
 --straggle 1,1,0.5,0.25 --cost-slope S emulates capacities: a rank at capacity c takes max(forward, S x batch / c)
 seconds, after the forward pass, after backward or (added) in loading the batch (--cost-at; lbbsp train's
-`--straggle static:...;gpu=0:0:S:1000000`). --workers N reads the batches through a DataLoader with N worker processes (lb.data_loader: the balancer's
-sampler, its lag set to what the workers read ahead). --plain-ddp runs stock DDP instead (equal split, averaging allreduce):
-the baseline. --device cuda trains on the GPUs (local rank r on GPU r mod count). Rank 0 prints one JSON summary
-line (and writes --summary-json).
+`--straggle static:...;gpu=0:0:S:1000000`). --workers N reads the batches through a DataLoader with N worker
+processes (lb.data_loader: the balancer's sampler, its lag set to what the workers read ahead). --plain-ddp runs
+stock DDP instead (equal split, averaging allreduce): the baseline. --device cuda trains on the GPUs (local rank r on
+GPU r mod count). Rank 0 prints one JSON summary line (and writes --summary-json).
 """
 import argparse
 import cProfile
@@ -96,7 +96,8 @@ def batches(a, lb, fixed, rank, steps, xtr, ytr):
     if not a.workers:
         for g in range(steps):
             epoch, step = divmod(g, lb.steps_per_epoch)
-            idx = lb.indices(epoch, step) if controlled else lbbsp.rank_indices(lb.permutation(epoch), step, fixed, rank)
+            idx = (lb.indices(epoch, step) if controlled
+                   else lbbsp.rank_indices(lb.permutation(epoch), step, fixed, rank))
             idx = torch.from_numpy(idx)
             yield xtr[idx], ytr[idx]
         return
@@ -184,13 +185,15 @@ def train(a, local_rank):
         with open(a.profile, "w") as f:
             pstats.Stats(profile, stream=f).sort_stats("tottime").print_stats(40)
     if rank == 0:
-        s = {"runner": "plain-ddp" if a.plain_ddp else "ddp+oracle" if a.oracle else "ddp+lbbsp", "balancer": balancer, "ranks": world,
+        runner = "plain-ddp" if a.plain_ddp else "ddp+oracle" if a.oracle else "ddp+lbbsp"
+        final = fixed if a.plain_ddp or a.oracle else lb.batch_sizes
+        s = {"runner": runner, "balancer": balancer, "ranks": world,
              "model": a.model, "global_batch": a.global_batch, "iterations": steps, "train_time_s": train_s,
              "mean_iteration_s": train_s / max(steps, 1), "controller_fraction": control_s / max(train_s, 1e-12),
              "decide_fraction": lb.timing["decide_s"] / max(train_s, 1e-12),
              "report_wait_fraction": lb.timing["wait_s"] / max(train_s, 1e-12),
              "test_accuracy": acc, "target_accuracy": a.target_accuracy, "time_to_target_s": time_to_target,
-             "cost_at": a.cost_at, "workers": a.workers, "device": a.device, "final_batch_sizes": (fixed if a.plain_ddp or a.oracle else lb.batch_sizes).tolist(),
+             "cost_at": a.cost_at, "workers": a.workers, "device": a.device, "final_batch_sizes": final.tolist(),
              "batch_sizes": sizes, "torch": torch.__version__, "lbbsp": lbbsp.__version__}
         print(json.dumps({k: v for k, v in s.items() if k != "batch_sizes"}), flush=True)  # --summary-json has them
         if a.summary_json:
@@ -208,9 +211,6 @@ def spawned(rank, a, world, port):
     init_from_env(backend=backend(a, world))
     train(a, rank)
     dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no interpreter shutdown: a gloo thread releasing the comm hook's callback then aborts (PyTorch #117762)
 
 
 def main():
@@ -260,9 +260,6 @@ def main():
     local = init_from_env(backend=None if a.device == "cuda" else "gloo")  # cuda: NCCL
     train(a, local)
     dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no interpreter shutdown: a gloo thread releasing the comm hook's callback then aborts (PyTorch #117762)
 
 
 if __name__ == "__main__":

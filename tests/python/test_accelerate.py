@@ -68,7 +68,7 @@ def _worker(out, stop, resume):
     if resume:
         acc.load_state(os.path.join(out, "state"))
     sizes, micro = [], []
-    for epoch in range(lb.epoch, 2):
+    for _epoch in range(lb.epoch, 2):
         for xb, yb in loader:
             with acc.accumulate(model):
                 if len(micro) % 2 == 0:
@@ -88,8 +88,6 @@ def _worker(out, stop, resume):
     write_pickle(os.path.join(out, f"acc-{rank}-{int(resume)}.pkl"),
                  {"params": params, "sizes": sizes, "micro": micro, "logged": recorder.logged})
     acc.wait_for_everyone()
-    sys.stdout.flush()
-    os._exit(0)  # no interpreter shutdown: PyTorch issue 117762 (see test_torch.finish)
 
 
 def _hang_worker(out):
@@ -125,7 +123,7 @@ def _bf16_worker(out):
                                                       monitor=fixed_metrics)
     sizes, losses, dtypes = [], [], set()
     net[0].register_forward_hook(lambda m, i, o: dtypes.add(str(o.dtype)))  # Accelerate returns outputs in fp32
-    for epoch in range(3):
+    for _epoch in range(3):
         for xb, yb in loader:
             sizes.append(lb.batch_sizes.tolist())
             loss = F.cross_entropy(model(xb), yb)
@@ -133,10 +131,9 @@ def _bf16_worker(out):
             acc.backward(loss)
             opt.step()
             opt.zero_grad()
-    write_pickle(os.path.join(out, f"bf16-{acc.process_index}.pkl"), {"sizes": sizes, "losses": losses, "dtypes": dtypes})
+    write_pickle(os.path.join(out, f"bf16-{acc.process_index}.pkl"),
+                 {"sizes": sizes, "losses": losses, "dtypes": dtypes})
     acc.wait_for_everyone()
-    sys.stdout.flush()
-    os._exit(0)
 
 
 def _compile_worker(out):
@@ -144,7 +141,7 @@ def _compile_worker(out):
     acc = accelerate.Accelerator(cpu=True, dynamo_backend="aot_eager")
     model, opt, loader, lb = _prepared(acc, batch_size=8)
     sizes = []
-    for epoch in range(2):
+    for _epoch in range(2):
         for xb, yb in loader:
             sizes.append(lb.batch_sizes.tolist())
             acc.backward(F.cross_entropy(model(xb), yb))
@@ -155,8 +152,6 @@ def _compile_worker(out):
     write_pickle(os.path.join(out, f"compile-{acc.process_index}.pkl"),
                  {"params": params, "sizes": sizes, "frames": frames, "model": type(model).__name__})
     acc.wait_for_everyone()
-    sys.stdout.flush()
-    os._exit(0)
 
 
 def _run(*args, cli=False, hostfile=None, processes=3):

@@ -11,7 +11,6 @@ import gc
 import itertools
 import os
 import pickle
-import sys
 import time
 import warnings
 
@@ -55,13 +54,10 @@ _STORES = itertools.count()
 
 
 def finish():
-    """Ends a worker without interpreter shutdown: a gloo thread still releasing a Python comm hook's callback
-    when the interpreter finalizes aborts the process ("terminate called without an active exception", PyTorch
-    issue 117762); a test's worker ends right after its last step, so it would meet that now and then."""
+    """Ends a worker as a training script does: the process group destroyed, the rank returns (a forked rank then
+    leaves through os._exit, multiprocessing's own; a spawned one through the interpreter's shutdown, which
+    test_endings.py repeats)."""
     dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def resolved_start_method(asked="fork"):
@@ -114,6 +110,11 @@ def dump_rank(out, name, rank, result):
 
 def load_ranks(tmp_path, name, world):
     return [read_pickle(tmp_path / f"{name}-{r}.pkl") for r in range(world)]
+
+
+def flat_params(module):
+    """A module's parameters as one NumPy vector."""
+    return torch.cat([p.detach().flatten() for p in module.parameters()]).numpy()
 
 
 def fixed_metrics():
@@ -331,7 +332,7 @@ def _every_balancer_worker(rank, world, store, out):
         lb = LoadBalancer(None, dataset_size=2000, global_batch=60, balancer=balancer, predictor=predictor,
                           seed=2, monitor=fixed_metrics)
         sizes = []
-        for g in range(30):
+        for _g in range(30):
             sizes.append(lb.batch_sizes.tolist())
             lb.record_compute(1e-3 * lb.batch_sizes[rank] * (3.0 if rank == world - 1 else 1.0))  # last rank 3x
             lb.step()
@@ -999,7 +1000,7 @@ def _failing_worker(rank, world, store, out, lag):
     t0 = time.time()
     result = "finished"
     try:
-        for g in range(10):
+        for _g in range(10):
             lb.record_compute(1e-3)
             lb.step()
     except RuntimeError as e:
@@ -1015,7 +1016,8 @@ def test_error_on_nonzero_rank_ends_every_rank_naming_it(tmp_path, lag):
     spawn(_failing_worker, 3, tmp_path, lag)
     for r in range(3):
         msg, took = read_pickle(tmp_path / f"fail-{lag}-{r}.pkl")
-        assert msg.startswith("LoadBalancer: step 3: rank 2 failed in its report: rank 2: OSError: sensor exploded"), msg
+        expected = "LoadBalancer: step 3: rank 2 failed in its report: rank 2: OSError: sensor exploded"
+        assert msg.startswith(expected), msg
         assert took < 20, f"rank {r} took {took:.1f} s, more than timeout_s"
 
 
@@ -1295,7 +1297,7 @@ def _subgroup_worker(rank, world, store, out, steps):
         opt.step()
         opt.zero_grad()
         lb.step()
-    np.save(os.path.join(out, f"sub-{rank}.npy"), torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy())
+    np.save(os.path.join(out, f"sub-{rank}.npy"), flat_params(model.module))
     write_pickle(os.path.join(out, f"sub-{rank}.pkl"), (lb.rank, lb.world_size, sizes))
     finish()
 
@@ -1342,7 +1344,7 @@ def _accumulate_worker(rank, world, store, out, steps):
     except ValueError as e:
         wrong = str(e)
     assert wrong is not None and "no_sync()" in wrong and "count=len(y)" in wrong, wrong
-    np.save(os.path.join(out, f"acc-{rank}.npy"), torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy())
+    np.save(os.path.join(out, f"acc-{rank}.npy"), flat_params(model.module))
     finish()
 
 
@@ -1360,7 +1362,7 @@ def _micro_worker(rank, world, store, out, steps):
     loader = lb.data_loader(torch.utils.data.TensorDataset(x, y))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     seen = []
-    for epoch in range(2):
+    for _epoch in range(2):
         for i, (xb, yb) in enumerate(loader):
             seen.append(len(yb))
             last = i % lb.micro_batches == lb.micro_batches - 1
@@ -1378,7 +1380,7 @@ def _micro_worker(rank, world, store, out, steps):
         lb.step()
     except RuntimeError as e:
         wrong = str(e)
-    np.save(os.path.join(out, f"micro-{rank}.npy"), torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy())
+    np.save(os.path.join(out, f"micro-{rank}.npy"), flat_params(model.module))
     write_pickle(os.path.join(out, f"micro-{rank}.pkl"), (seen, wrong))
     finish()
 
