@@ -249,7 +249,8 @@ if __name__ == "__main__":
     if "LOCAL_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:  # torchrun or mpirun: one rank
         if mode == "exact":
             _worker(args[0], int(args[1]), bool(int(args[2])))
-        {"hang": _hang_worker, "bf16": _bf16_worker, "compile": _compile_worker}[mode](args[0])
+        else:
+            {"hang": _hang_worker, "bf16": _bf16_worker, "compile": _compile_worker}[mode](args[0])
     elif mode == "exact":
         accelerate.debug_launcher(_worker, args=(args[0], int(args[1]), bool(int(args[2]))), num_processes=3)
     else:
