@@ -21,7 +21,7 @@
 #include "models/pool.hpp"
 #include "models/simd.hpp"
 #include "models/softmax_xent.hpp"
-#include "runtime/kernel_env.hpp"
+#include "runtime/platform/kernel_env.hpp"
 
 namespace lbbsp::models {
 namespace {

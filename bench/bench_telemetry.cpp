@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/telemetry.hpp"
+#include "runtime/io/telemetry.hpp"
 
 namespace fs = std::filesystem;
 using namespace lbbsp::runtime;

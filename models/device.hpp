@@ -1,5 +1,5 @@
 // Where a model computes: the host CPU or the current CUDA device (models/cuda/cuda_models.hpp). The flag's
-// spellings ("cpu", "cuda") live in runtime/run_options.hpp.
+// spellings ("cpu", "cuda") live in runtime/train/run_options.hpp.
 #pragma once
 
 namespace lbbsp::models {

@@ -7,9 +7,9 @@
 namespace lbbsp::models {
 
 // Below this many multiply-adds (about 10 us on one core) a kernel's split over threads saves less than it
-// costs, even with the other thread awake (spinning since the last parallel loop; runtime/kernel_env.hpp).
-// MLP at 2 threads, batch 64: 1.27x one thread at 2^22, 1.73x at 2^20, 1.55x at 2^18. gemm and the
-// convolutions.
+// costs, even with the other thread awake (spinning since the last parallel loop;
+// runtime/platform/kernel_env.hpp). MLP at 2 threads, batch 64: 1.27x one thread at 2^22, 1.73x at
+// 2^20, 1.55x at 2^18. gemm and the convolutions.
 constexpr double kParallelMinFma = double(1 << 20);
 
 // Sets the BLAS to one thread per call (gemm does this on first use; set_num_threads does it too).

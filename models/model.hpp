@@ -79,10 +79,10 @@ class OneThreadScope {
 };
 
 // After a parallel region the kernel threads spin a while before they sleep (about 50 us under lbbsp:
-// GOMP_SPINCOUNT, runtime/kernel_env.hpp), so a region started soon after finds them awake and costs a
-// microsecond instead of a 30-100 us wake. gemm() and the CNN's step mark the end of their regions; a kernel
-// that splits only when it is cheap (the optimizer's pass) asks team_is_awake(). Either answer gives the
-// same bits: only element-wise work asks.
+// GOMP_SPINCOUNT, runtime/platform/kernel_env.hpp), so a region started soon after finds them awake and costs
+// a microsecond instead of a 30-100 us wake. gemm() and the CNN's step mark the end of their regions; a
+// kernel that splits only when it is cheap (the optimizer's pass) asks team_is_awake(). Either answer gives
+// the same bits: only element-wise work asks.
 constexpr double kTeamAwakeMicroseconds = 20.0;
 void mark_team_released();
 bool team_is_awake();

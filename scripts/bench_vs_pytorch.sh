@@ -67,7 +67,7 @@ IFS=, read -ra thread_counts <<<"$threads_list"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 # The BLAS runs one thread per call inside our kernels (docs/threads.md); PyTorch gets the same thread count.
-# bench_models bounds its idle threads' spinning as lbbsp does (runtime/kernel_env.hpp); PyTorch runs with its
+# bench_models bounds its idle threads' spinning as lbbsp does (runtime/platform/kernel_env.hpp); PyTorch runs with its
 # own defaults, as its users run it.
 for ((r = 0; r < rounds; ++r)); do
   for t in "${thread_counts[@]}"; do

@@ -1,4 +1,4 @@
-#include "runtime/predict_eval.hpp"
+#include "runtime/analysis/predict_eval.hpp"
 
 #include <hdf5.h>
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/traces.hpp"
+#include "runtime/analysis/traces.hpp"
 
 namespace lbbsp::runtime {
 

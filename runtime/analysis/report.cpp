@@ -1,4 +1,4 @@
-#include "runtime/report.hpp"
+#include "runtime/analysis/report.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "common/format.hpp"
-#include "runtime/h5.hpp"
+#include "runtime/io/h5.hpp"
 
 namespace lbbsp::runtime::report {
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-#include "runtime/simulator.hpp"
+#include "runtime/analysis/simulator.hpp"
 
 #include <algorithm>
 #include <chrono>

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/traces.hpp"
+#include "runtime/analysis/traces.hpp"
 
 namespace lbbsp::runtime {
 

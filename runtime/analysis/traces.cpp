@@ -1,5 +1,5 @@
 // Multi-format trace reader: PlanetLab, Bitbrains, Alibaba v2018, Azure VM noise 2024 and a plain CSV.
-#include "runtime/traces.hpp"
+#include "runtime/analysis/traces.hpp"
 
 #include <zlib.h>
 

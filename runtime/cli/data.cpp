@@ -4,10 +4,10 @@
 #include <iostream>
 #include <stdexcept>
 
-#include "runtime/cli_checks.hpp"
-#include "runtime/commands.hpp"
-#include "runtime/dataset.hpp"
-#include "runtime/traces.hpp"
+#include "runtime/analysis/traces.hpp"
+#include "runtime/cli/checks.hpp"
+#include "runtime/cli/commands.hpp"
+#include "runtime/io/dataset.hpp"
 
 namespace lbbsp::cli {
 

@@ -6,9 +6,9 @@
 #include "models/gemm.hpp"
 #include "models/model.hpp"
 #include "models/simd.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/commands.hpp"
-#include "runtime/topology.hpp"
+#include "runtime/cli/commands.hpp"
+#include "runtime/platform/comm.hpp"
+#include "runtime/platform/topology.hpp"
 
 namespace lbbsp::cli {
 

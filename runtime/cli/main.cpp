@@ -1,4 +1,4 @@
-// The `lbbsp` command: one binary, subcommands registered from runtime/*_cmd.cpp.
+// The `lbbsp` command: one binary, subcommands registered from runtime/cli/*.cpp.
 #include <unistd.h>
 
 #include <cstdio>
@@ -6,9 +6,9 @@
 #include <exception>
 #include <string>
 
-#include "runtime/comm.hpp"
-#include "runtime/commands.hpp"
-#include "runtime/kernel_env.hpp"
+#include "runtime/cli/commands.hpp"
+#include "runtime/platform/comm.hpp"
+#include "runtime/platform/kernel_env.hpp"
 
 namespace {
 

@@ -3,9 +3,9 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "runtime/commands.hpp"
-#include "runtime/predict_eval.hpp"
-#include "runtime/traces.hpp"
+#include "runtime/analysis/predict_eval.hpp"
+#include "runtime/analysis/traces.hpp"
+#include "runtime/cli/commands.hpp"
 
 namespace lbbsp::cli {
 

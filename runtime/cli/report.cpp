@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/commands.hpp"
-#include "runtime/report.hpp"
+#include "runtime/analysis/report.hpp"
+#include "runtime/cli/commands.hpp"
 
 #ifndef LBBSP_SOURCE_DIR
 #define LBBSP_SOURCE_DIR ""

@@ -3,10 +3,10 @@
 #include <cstdio>
 #include <iostream>
 
-#include "runtime/cli_checks.hpp"
-#include "runtime/commands.hpp"
-#include "runtime/simulator.hpp"
-#include "runtime/traces.hpp"
+#include "runtime/analysis/simulator.hpp"
+#include "runtime/analysis/traces.hpp"
+#include "runtime/cli/checks.hpp"
+#include "runtime/cli/commands.hpp"
 
 namespace lbbsp::cli {
 

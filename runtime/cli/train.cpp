@@ -8,10 +8,10 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/cli_checks.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/commands.hpp"
-#include "runtime/trainer.hpp"
+#include "runtime/cli/checks.hpp"
+#include "runtime/cli/commands.hpp"
+#include "runtime/platform/comm.hpp"
+#include "runtime/train/trainer.hpp"
 
 namespace lbbsp::cli {
 namespace {
@@ -31,7 +31,7 @@ ModelDefaults model_defaults(const std::string& model) {
 }
 
 // An enum-valued flag: CLI11 checks and keeps the spelling (so config.toml repeats it as written), the config
-// gets the enum (runtime/run_options.hpp).
+// gets the enum (runtime/train/run_options.hpp).
 template <class E>
 CLI::Option* add_enum_option(CLI::App* t, const std::string& flag, E& target, const std::string& help) {
   std::vector<std::string> names;

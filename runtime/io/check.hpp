@@ -1,4 +1,5 @@
-// One macro per library whose return codes we must check, naming file and line (as llm.c's mpiCheck).
+// One macro per library whose return codes we must check, naming file and line (as llm.c's mpiCheck): HDF5's
+// here, MPI's (LBBSP_MPI_CHECK) in runtime/platform/comm.cpp, its only user.
 #pragma once
 #include <stdexcept>
 #include <string>
@@ -11,10 +12,4 @@ namespace lbbsp::runtime {
   do {                                                                                                    \
     long lbbsp_rc_ = static_cast<long>(call);                                                             \
     if (lbbsp_rc_ < 0) ::lbbsp::runtime::throw_call_failed("HDF5", #call, lbbsp_rc_, __FILE__, __LINE__); \
-  } while (0)
-
-#define LBBSP_MPI_CHECK(call)                                                                             \
-  do {                                                                                                    \
-    int lbbsp_rc_ = (call);                                                                               \
-    if (lbbsp_rc_ != 0) ::lbbsp::runtime::throw_call_failed("MPI", #call, lbbsp_rc_, __FILE__, __LINE__); \
   } while (0)

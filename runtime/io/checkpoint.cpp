@@ -1,4 +1,4 @@
-#include "runtime/checkpoint.hpp"
+#include "runtime/io/checkpoint.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "runtime/h5.hpp"
+#include "runtime/io/h5.hpp"
 
 namespace lbbsp::runtime {
 

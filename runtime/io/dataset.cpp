@@ -1,4 +1,4 @@
-#include "runtime/dataset.hpp"
+#include "runtime/io/dataset.hpp"
 
 #include <zlib.h>
 
@@ -9,7 +9,7 @@
 #include <random>
 #include <stdexcept>
 
-#include "runtime/check.hpp"
+#include "runtime/io/check.hpp"
 
 namespace lbbsp::runtime {
 

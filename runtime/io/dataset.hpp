@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "models/model.hpp"
-#include "runtime/h5.hpp"
+#include "runtime/io/h5.hpp"
 
 namespace lbbsp::runtime {
 

@@ -1,8 +1,8 @@
-#include "runtime/h5.hpp"
+#include "runtime/io/h5.hpp"
 
 #include <stdexcept>
 
-#include "runtime/check.hpp"
+#include "runtime/io/check.hpp"
 
 namespace lbbsp::runtime {
 

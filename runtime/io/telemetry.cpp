@@ -1,9 +1,9 @@
-#include "runtime/telemetry.hpp"
+#include "runtime/io/telemetry.hpp"
 
 #include <filesystem>
 #include <stdexcept>
 
-#include "runtime/check.hpp"
+#include "runtime/io/check.hpp"
 
 namespace lbbsp::runtime {
 

@@ -1,5 +1,6 @@
 // Per-iteration, per-rank telemetry (HDF5 and optional CSV in --log-dir) and the run's timeline
-// (runtime/timeline.hpp). Rank 0 writes both: every rank's timings reach it in the gradient allreduce buffer.
+// (runtime/io/timeline.hpp). Rank 0 writes both: every rank's timings reach it in the gradient allreduce
+// buffer.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -9,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/h5.hpp"
-#include "runtime/timeline.hpp"
+#include "runtime/io/h5.hpp"
+#include "runtime/io/timeline.hpp"
 
 namespace lbbsp::runtime {
 

@@ -1,4 +1,4 @@
-#include "runtime/timeline.hpp"
+#include "runtime/io/timeline.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

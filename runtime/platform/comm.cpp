@@ -1,4 +1,4 @@
-#include "runtime/comm.hpp"
+#include "runtime/platform/comm.hpp"
 
 #include <mpi.h>
 #if __has_include(<mpi-ext.h>)
@@ -12,7 +12,13 @@
 #include <stdexcept>
 #include <utility>
 
-#include "runtime/check.hpp"
+#include "runtime/io/check.hpp"
+
+#define LBBSP_MPI_CHECK(call)                                                                             \
+  do {                                                                                                    \
+    int lbbsp_rc_ = (call);                                                                               \
+    if (lbbsp_rc_ != 0) ::lbbsp::runtime::throw_call_failed("MPI", #call, lbbsp_rc_, __FILE__, __LINE__); \
+  } while (0)
 
 namespace lbbsp::runtime {
 

@@ -1,4 +1,4 @@
-#include "runtime/kernel_env.hpp"
+#include "runtime/platform/kernel_env.hpp"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "runtime/topology.hpp"
+#include "runtime/platform/topology.hpp"
 
 #include <hwloc.h>
 

@@ -1,7 +1,7 @@
 // One kind of straggler emulation behind one interface: none, static factors, trace replay (static.cpp,
 // trace_replay.cpp) emulate a slower machine by stretching compute; the stress-ng co-tenant (cotenant.cpp) is
 // real interference that is measured, not stretched. The GPU cost model (gpu_cost.hpp) goes on top of any
-// kind. runtime::Straggler (runtime/straggler.hpp) is the one object the trainer holds; it owns one
+// kind. runtime::Straggler (runtime/straggle/straggler.hpp) is the one object the trainer holds; it owns one
 // Emulation.
 #pragma once
 #include <memory>

@@ -2,7 +2,7 @@
 //
 //   SPEC    := KIND [";" OPTION]...
 //   KIND    := none | static:F0,F1,...        capacity factor per rank (cycled when fewer than ranks)
-//            | trace:PATH[,PATH...]          capacity time series (files or folders, see runtime/traces.hpp)
+//            | trace:PATH[,PATH...]          capacity time series (files or folders: analysis/traces.hpp)
 //            | stress:RANK=LOAD[,...]        a real stress-ng co-tenant next to RANK at LOAD percent
 //   OPTION  := scale=S          seconds of training per trace step (default 1)
 //            | rate=K           instead of scale: replay by the trace's own timestamps, K trace seconds per

@@ -1,4 +1,4 @@
-#include "runtime/straggler.hpp"
+#include "runtime/straggle/straggler.hpp"
 
 #include <sched.h>
 

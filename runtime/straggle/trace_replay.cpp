@@ -4,8 +4,8 @@
 #include <cmath>
 #include <random>
 
+#include "runtime/analysis/traces.hpp"
 #include "runtime/straggle/emulation.hpp"
-#include "runtime/traces.hpp"
 
 namespace lbbsp::runtime::straggle {
 

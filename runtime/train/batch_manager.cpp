@@ -1,4 +1,4 @@
-#include "runtime/batch_manager.hpp"
+#include "runtime/train/batch_manager.hpp"
 
 #include <stdexcept>
 #include <string>

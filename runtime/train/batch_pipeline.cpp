@@ -1,9 +1,9 @@
-#include "runtime/batch_pipeline.hpp"
+#include "runtime/train/batch_pipeline.hpp"
 
 #include "balancer/balancer.hpp"
-#include "runtime/batch_manager.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/reduction_buffer.hpp"
+#include "runtime/platform/comm.hpp"
+#include "runtime/train/batch_manager.hpp"
+#include "runtime/train/reduction_buffer.hpp"
 
 namespace lbbsp::runtime {
 

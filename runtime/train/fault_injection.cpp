@@ -1,4 +1,4 @@
-#include "runtime/fault_injection.hpp"
+#include "runtime/train/fault_injection.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -9,7 +9,7 @@
 
 #include "common/spec.hpp"
 #include "models/model.hpp"
-#include "runtime/watchdog.hpp"
+#include "runtime/train/watchdog.hpp"
 
 namespace lbbsp::runtime {
 

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime/hooks.hpp"
+#include "runtime/train/hooks.hpp"
 
 namespace lbbsp::runtime {
 

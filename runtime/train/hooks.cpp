@@ -1,10 +1,10 @@
 // Hooks: calls the trainer's hooks in their order, names each to the watchdog and times it.
-#include "runtime/hooks.hpp"
+#include "runtime/train/hooks.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 
-#include "runtime/watchdog.hpp"
+#include "runtime/train/watchdog.hpp"
 
 namespace lbbsp::runtime {
 

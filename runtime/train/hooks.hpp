@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/checkpoint.hpp"
-#include "runtime/reduction_buffer.hpp"
-#include "runtime/run_stats.hpp"
+#include "runtime/io/checkpoint.hpp"
+#include "runtime/train/reduction_buffer.hpp"
+#include "runtime/train/run_stats.hpp"
 
 namespace lbbsp::models {
 class Model;
@@ -116,7 +116,7 @@ class Hooks {
 };
 
 // Rank 0, "telemetry": one telemetry row per rank and the timeline slices per iteration
-// (runtime/telemetry.hpp); flushes at the end.
+// (runtime/io/telemetry.hpp); flushes at the end.
 std::unique_ptr<TrainHook> make_telemetry_hook(RunLog& log, int ranks);
 
 // Every rank (collective), "evaluation": the test-set evaluation after each epoch (or every --eval-every

@@ -1,7 +1,7 @@
-#include "runtime/rank_conditions.hpp"
+#include "runtime/train/rank_conditions.hpp"
 
 #include "runtime/monitor.hpp"
-#include "runtime/straggler.hpp"
+#include "runtime/straggle/straggler.hpp"
 
 namespace lbbsp::runtime {
 

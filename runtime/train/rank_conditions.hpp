@@ -1,8 +1,8 @@
 // RankConditions: this rank's conditions as the training loop sees them, from one place. The compute time a
 // step reports and the metrics the balancer receives come from the machine itself (the real compute, /proc)
-// or, under --straggle, from the straggler emulation around it (runtime/straggler.hpp); which one is settled
-// here at set-up, so the loop's blocks name no emulation. What only an emulation knows (the oracle's truth)
-// is asked for through truth() and is unknown (NaN) on a real cluster.
+// or, under --straggle, from the straggler emulation around it (runtime/straggle/straggler.hpp); which one is
+// settled here at set-up, so the loop's blocks name no emulation. What only an emulation knows (the oracle's
+// truth) is asked for through truth() and is unknown (NaN) on a real cluster.
 #pragma once
 #include <chrono>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "runtime/run_stats.hpp"
+#include "runtime/train/run_stats.hpp"
 
 namespace lbbsp::runtime {
 

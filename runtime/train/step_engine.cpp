@@ -1,4 +1,4 @@
-#include "runtime/step_engine.hpp"
+#include "runtime/train/step_engine.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -24,8 +24,8 @@
 
 #include "models/model.hpp"
 #include "models/optimizer.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/run_options.hpp"
+#include "runtime/platform/comm.hpp"
+#include "runtime/train/run_options.hpp"
 
 namespace lbbsp::models {
 class DeviceResident;

@@ -1,4 +1,4 @@
-#include "runtime/stop_signal.hpp"
+#include "runtime/train/stop_signal.hpp"
 
 #include <csignal>
 #include <ctime>

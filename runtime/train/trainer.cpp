@@ -1,6 +1,6 @@
-// The training loop (Trainer::run) and its blocks; the set-up is in runtime/trainer_setup.cpp, the side
-// concerns in the hooks (runtime/hooks.hpp).
-#include "runtime/trainer.hpp"
+// The training loop (Trainer::run) and its blocks; the set-up is in runtime/train/trainer_setup.cpp, the side
+// concerns in the hooks (runtime/train/hooks.hpp).
+#include "runtime/train/trainer.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -11,14 +11,14 @@
 #include "balancer/sampling.hpp"
 #include "models/model.hpp"
 #include "models/optimizer.hpp"
-#include "runtime/batch_manager.hpp"
-#include "runtime/batch_pipeline.hpp"
-#include "runtime/dataset.hpp"
-#include "runtime/rank_conditions.hpp"
-#include "runtime/step_engine.hpp"
-#include "runtime/stop_signal.hpp"
-#include "runtime/telemetry.hpp"
-#include "runtime/watchdog.hpp"
+#include "runtime/io/dataset.hpp"
+#include "runtime/io/telemetry.hpp"
+#include "runtime/train/batch_manager.hpp"
+#include "runtime/train/batch_pipeline.hpp"
+#include "runtime/train/rank_conditions.hpp"
+#include "runtime/train/step_engine.hpp"
+#include "runtime/train/stop_signal.hpp"
+#include "runtime/train/watchdog.hpp"
 
 namespace lbbsp::runtime {
 

@@ -1,5 +1,5 @@
 // The BSP training loop: per-rank slices of one seeded global batch, one allreduce per iteration, rank 0
-// re-sizing the slices through the BatchSizeManager. Hooks (runtime/hooks.hpp: telemetry, timeline,
+// re-sizing the slices through the BatchSizeManager. Hooks (runtime/train/hooks.hpp: telemetry, timeline,
 // evaluation, checkpoints, progress, summary) observe it.
 #pragma once
 #include <chrono>
@@ -8,12 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "runtime/comm.hpp"
-#include "runtime/fault_injection.hpp"
-#include "runtime/hooks.hpp"
-#include "runtime/reduction_buffer.hpp"
-#include "runtime/run_options.hpp"
-#include "runtime/run_stats.hpp"
+#include "runtime/platform/comm.hpp"
+#include "runtime/train/fault_injection.hpp"
+#include "runtime/train/hooks.hpp"
+#include "runtime/train/reduction_buffer.hpp"
+#include "runtime/train/run_options.hpp"
+#include "runtime/train/run_stats.hpp"
 
 namespace lbbsp::balancer {
 struct IterationReport;
@@ -27,7 +27,7 @@ struct LrSchedule;
 namespace lbbsp::runtime {
 
 // The run's settings, in the groups `lbbsp train --help` lists them (flags and config.toml keys are flat:
-// runtime/train_cmd.cpp maps each flag to its field).
+// runtime/cli/train.cpp maps each flag to its field).
 struct DataConfig {
   std::string path;          // --data
   int64_t train_subset = 0;  // use only the first N training rows (0: all)
@@ -86,8 +86,8 @@ struct TrainConfig {
   std::vector<int> hidden = {256, 128};
   Device device = Device::kCpu;                      // kCuda: one GPU per rank, chosen from the local rank
   GpuParams gpu_params = GpuParams::kDevice;         // cuda: resident, or copied in and out every step
-  HostAllreduce allreduce = HostAllreduce::kAuto;    // host parameters (runtime/step_engine.hpp)
-  GpuAllreduce gpu_allreduce = GpuAllreduce::kAuto;  // cuda resident (runtime/step_engine.hpp)
+  HostAllreduce allreduce = HostAllreduce::kAuto;    // host parameters (runtime/train/step_engine.hpp)
+  GpuAllreduce gpu_allreduce = GpuAllreduce::kAuto;  // cuda resident (runtime/train/step_engine.hpp)
   int threads = 1;
   Binding bind = Binding::kNone;
   // The run's length and its one seed (initialisation, data order, emulation).
@@ -108,8 +108,8 @@ struct TrainConfig {
 
 // Runs the whole training on this rank. Throws on any error (the caller aborts the job with the message).
 // Returns 0, or 128 + the signal when a SIGTERM, SIGINT or SIGUSR1 stopped it early
-// (runtime/stop_signal.hpp): then every rank stopped after the same iteration and the checkpoint, if any, is
-// written. (1 on ranks other than 0 after a set-up error, which rank 0 reports by aborting the job.)
+// (runtime/train/stop_signal.hpp): then every rank stopped after the same iteration and the checkpoint, if
+// any, is written. (1 on ranks other than 0 after a set-up error, which rank 0 reports by aborting the job.)
 int run_training(const TrainConfig& cfg, Comm& comm);
 
 class BatchPipeline;
@@ -130,7 +130,7 @@ class Trainer {
 
  private:
   using Clock = std::chrono::steady_clock;
-  // What one iteration carries from block to block (runtime/trainer.cpp).
+  // What one iteration carries from block to block (runtime/train/trainer.cpp).
   struct Step {
     int64_t it = 0, epoch = 0, pos = 0, n = 0;
     Clock::time_point t_iter, t_compute;
@@ -138,7 +138,7 @@ class Trainer {
     std::vector<int64_t> next_batch;
   };
 
-  // Set-up (runtime/trainer_setup.cpp); false on ranks other than 0 after a set-up error.
+  // Set-up (runtime/train/trainer_setup.cpp); false on ranks other than 0 after a set-up error.
   bool set_up();
   void check_config() const;
   void prepare_outputs() const;
@@ -154,10 +154,10 @@ class Trainer {
                         const std::vector<double>& predicted);
   void make_engine();
   void make_hooks();
-  // Checkpoints (runtime/trainer.cpp): the state a checkpoint holds.
+  // Checkpoints (runtime/train/trainer.cpp): the state a checkpoint holds.
   TrainState snapshot(int64_t next_iteration);
 
-  // The loop's blocks (runtime/trainer.cpp).
+  // The loop's blocks (runtime/train/trainer.cpp).
   Step begin_iteration(int64_t it);
   void slice(Step& s);
   void forward_backward(Step& s, models::StepStats& stats);

@@ -17,16 +17,16 @@
 #include "models/cuda/cuda_models.hpp"
 #endif
 #include "models/optimizer.hpp"
-#include "runtime/batch_manager.hpp"
-#include "runtime/batch_pipeline.hpp"
-#include "runtime/dataset.hpp"
-#include "runtime/rank_conditions.hpp"
-#include "runtime/step_engine.hpp"
-#include "runtime/stop_signal.hpp"
-#include "runtime/telemetry.hpp"
-#include "runtime/topology.hpp"
-#include "runtime/trainer.hpp"
-#include "runtime/watchdog.hpp"
+#include "runtime/io/dataset.hpp"
+#include "runtime/io/telemetry.hpp"
+#include "runtime/platform/topology.hpp"
+#include "runtime/train/batch_manager.hpp"
+#include "runtime/train/batch_pipeline.hpp"
+#include "runtime/train/rank_conditions.hpp"
+#include "runtime/train/step_engine.hpp"
+#include "runtime/train/stop_signal.hpp"
+#include "runtime/train/trainer.hpp"
+#include "runtime/train/watchdog.hpp"
 
 namespace lbbsp::runtime {
 

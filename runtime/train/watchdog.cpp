@@ -1,4 +1,4 @@
-#include "runtime/watchdog.hpp"
+#include "runtime/train/watchdog.hpp"
 
 #include <unistd.h>
 

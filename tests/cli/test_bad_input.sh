@@ -19,7 +19,7 @@ expect_fail "hidden: widths must be positive, got 0" "$LBBSP" "${T[@]}" --hidden
 expect_fail "Could not convert: --hidden = 32,abc" "$LBBSP" "${T[@]}" --hidden 32,abc
 expect_fail "bind: socket not in \{core,none\}" "$LBBSP" "${T[@]}" --bind socket
 expect_fail "device: tpu not in" "$LBBSP" "${T[@]}" --device tpu
-# Idle kernel threads spin a bounded time unless the user chose how they wait (runtime/kernel_env.hpp).
+# Idle kernel threads spin a bounded time unless the user chose how they wait (runtime/platform/kernel_env.hpp).
 SPIN_INFO=$(env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT "$LBBSP" info)
 grep -Eq "^blas kernels: OpenBLAS [A-Za-z0-9]+; idle OpenMP threads: spin [0-9]+ times, then sleep$" <<<"$SPIN_INFO" ||
   fail "lbbsp info does not show the bounded spin of idle kernel threads: $SPIN_INFO"

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/dataset.hpp"
-#include "runtime/h5.hpp"
+#include "runtime/io/dataset.hpp"
+#include "runtime/io/h5.hpp"
 
 namespace h5 = lbbsp::runtime::h5;
 

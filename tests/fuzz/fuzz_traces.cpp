@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "runtime/traces.hpp"
+#include "runtime/analysis/traces.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string path = "/tmp/lbbsp-fuzz-trace-" + std::to_string(getpid()) + ".csv";

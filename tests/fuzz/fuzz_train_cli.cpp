@@ -6,12 +6,12 @@
 #include <string>
 #include <vector>
 
-#include "runtime/comm.hpp"
-#include "runtime/commands.hpp"
-#include "runtime/trainer.hpp"
+#include "runtime/cli/commands.hpp"
+#include "runtime/platform/comm.hpp"
+#include "runtime/train/trainer.hpp"
 
 namespace lbbsp::runtime {
-// Stubs: train_cmd.cpp's callback references these; the fuzzer never runs it.
+// Stubs: runtime/cli/train.cpp's callback references these; the fuzzer never runs it.
 struct Comm::Handles {};  // comm.cpp's holds MPI handles; not linked here
 Comm::Comm(int*, char***) {
   __builtin_trap();

@@ -21,7 +21,7 @@
 #include "models/cuda/cuda_models.hpp"
 #include "models/model.hpp"
 #include "models/optimizer.hpp"
-#include "runtime/run_options.hpp"
+#include "runtime/train/run_options.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-# Graceful stop (runtime/stop_signal.hpp): SIGTERM to one rank (as Slurm sends at a time limit) stops every rank
+# Graceful stop (runtime/train/stop_signal.hpp): SIGTERM to one rank (as Slurm sends at a time limit) stops every rank
 # after the same iteration with a checkpoint, exit 143 and `stopped_by` in the summary; --resume then loses
 # nothing (bit for bit equal to an uninterrupted run). SIGUSR1 to mpirun (forwarded to the ranks; `sbatch
 # --signal=USR1@120`) does the same with exit 138; SIGINT on one process without --checkpoint-dir still writes

@@ -1,7 +1,7 @@
 // BatchSizeManager owns the lag: with lag L the batch vector of iteration t+1+L is the decision made after
 // iteration t, the first L iterations after the start repeat the initial split, and a checkpoint's queue of
 // decisions made ahead restores the same sequence.
-#include "runtime/batch_manager.hpp"
+#include "runtime/train/batch_manager.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
-// runtime/checkpoint: round trip, newest-K pruning, names that are not checkpoints, corrupt and mismatched
+// runtime/io/checkpoint: round trip, newest-K pruning, names that are not checkpoints, corrupt and mismatched
 // files.
-#include "runtime/checkpoint.hpp"
+#include "runtime/io/checkpoint.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "runtime/h5.hpp"
+#include "runtime/io/h5.hpp"
 
 namespace fs = std::filesystem;
 using namespace lbbsp::runtime;

@@ -1,6 +1,6 @@
 // Hooks: the trainer's hooks run in the order added except where one names hooks it must follow, each is
 // timed, and a cycle or a late add is a programming error that says so.
-#include "runtime/hooks.hpp"
+#include "runtime/train/hooks.hpp"
 
 #include <gtest/gtest.h>
 

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "runtime/predict_eval.hpp"
+#include "runtime/analysis/predict_eval.hpp"
 
 namespace fs = std::filesystem;
 using namespace lbbsp::runtime;

@@ -1,5 +1,6 @@
-// runtime/report: the analysis of `lbbsp report` on hand-made telemetry whose answers are known exactly.
-#include "runtime/report.hpp"
+// runtime/analysis/report: the analysis of `lbbsp report` on hand-made telemetry whose answers are known
+// exactly.
+#include "runtime/analysis/report.hpp"
 
 #include <gtest/gtest.h>
 

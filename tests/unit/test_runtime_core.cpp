@@ -11,11 +11,11 @@
 #include <random>
 #include <sstream>
 
-#include "runtime/dataset.hpp"
-#include "runtime/kernel_env.hpp"
-#include "runtime/straggler.hpp"
-#include "runtime/telemetry.hpp"
-#include "runtime/trainer.hpp"
+#include "runtime/io/dataset.hpp"
+#include "runtime/io/telemetry.hpp"
+#include "runtime/platform/kernel_env.hpp"
+#include "runtime/straggle/straggler.hpp"
+#include "runtime/train/trainer.hpp"
 #include "scratch_dir.hpp"
 
 namespace fs = std::filesystem;

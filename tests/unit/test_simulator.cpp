@@ -6,8 +6,8 @@
 #include <fstream>
 #include <random>
 
-#include "runtime/simulator.hpp"
-#include "runtime/traces.hpp"
+#include "runtime/analysis/simulator.hpp"
+#include "runtime/analysis/traces.hpp"
 
 using namespace lbbsp::runtime;
 

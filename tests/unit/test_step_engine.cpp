@@ -17,8 +17,8 @@
 #include "models/cuda/cuda_models.hpp"
 #include "models/model.hpp"
 #include "models/optimizer.hpp"
-#include "runtime/comm.hpp"
-#include "runtime/step_engine.hpp"
+#include "runtime/platform/comm.hpp"
+#include "runtime/train/step_engine.hpp"
 
 namespace {
 

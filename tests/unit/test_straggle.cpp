@@ -11,10 +11,10 @@
 #include <random>
 #include <stdexcept>
 
+#include "runtime/analysis/traces.hpp"
 #include "runtime/straggle/emulation.hpp"
 #include "runtime/straggle/spec.hpp"
-#include "runtime/straggler.hpp"
-#include "runtime/traces.hpp"
+#include "runtime/straggle/straggler.hpp"
 #include "scratch_dir.hpp"
 
 namespace fs = std::filesystem;

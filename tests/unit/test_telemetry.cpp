@@ -9,9 +9,9 @@
 #include <set>
 #include <sstream>
 
-#include "runtime/h5.hpp"
-#include "runtime/step_engine.hpp"
-#include "runtime/telemetry.hpp"
+#include "runtime/io/h5.hpp"
+#include "runtime/io/telemetry.hpp"
+#include "runtime/train/step_engine.hpp"
 #include "scratch_dir.hpp"
 
 namespace fs = std::filesystem;

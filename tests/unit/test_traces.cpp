@@ -7,7 +7,7 @@
 #include <fstream>
 #include <map>
 
-#include "runtime/traces.hpp"
+#include "runtime/analysis/traces.hpp"
 
 namespace fs = std::filesystem;
 using lbbsp::runtime::load_traces;

@@ -6,9 +6,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "runtime/fault_injection.hpp"
-#include "runtime/reduction_buffer.hpp"
-#include "runtime/run_stats.hpp"
+#include "runtime/train/fault_injection.hpp"
+#include "runtime/train/reduction_buffer.hpp"
+#include "runtime/train/run_stats.hpp"
 
 using namespace lbbsp::runtime;
 

@@ -1,11 +1,11 @@
 // The checkpoint hook: when to write a checkpoint (every --checkpoint-every iterations, after the last one,
 // and when a stop signal ends the run) and what a failed write means. What a checkpoint holds is the
-// trainer's (Trainer::snapshot); the file format is runtime/checkpoint.hpp's.
+// trainer's (Trainer::snapshot); the file format is runtime/io/checkpoint.hpp's.
 #include <cstdio>
 
-#include "runtime/hooks.hpp"
-#include "runtime/trainer.hpp"
-#include "runtime/watchdog.hpp"
+#include "runtime/train/hooks.hpp"
+#include "runtime/train/trainer.hpp"
+#include "runtime/train/watchdog.hpp"
 
 namespace lbbsp::runtime {
 

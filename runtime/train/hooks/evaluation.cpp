@@ -4,12 +4,12 @@
 #include <cstdio>
 #include <numeric>
 
-#include "runtime/comm.hpp"
-#include "runtime/dataset.hpp"
-#include "runtime/hooks.hpp"
-#include "runtime/step_engine.hpp"
-#include "runtime/trainer.hpp"
-#include "runtime/watchdog.hpp"
+#include "runtime/io/dataset.hpp"
+#include "runtime/platform/comm.hpp"
+#include "runtime/train/hooks.hpp"
+#include "runtime/train/step_engine.hpp"
+#include "runtime/train/trainer.hpp"
+#include "runtime/train/watchdog.hpp"
 
 namespace lbbsp::runtime {
 

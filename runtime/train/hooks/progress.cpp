@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <string>
 
-#include "runtime/hooks.hpp"
-#include "runtime/trainer.hpp"
+#include "runtime/train/hooks.hpp"
+#include "runtime/train/trainer.hpp"
 
 namespace lbbsp::runtime {
 

@@ -1,12 +1,12 @@
 // The stop message hook (rank 0): when a SIGTERM, SIGINT or SIGUSR1 ends the run early
-// (runtime/stop_signal.hpp; the signal reaches every rank in the reduction buffer), says after which
+// (runtime/train/stop_signal.hpp; the signal reaches every rank in the reduction buffer), says after which
 // iteration and how to go on.
 #include <cstdio>
 #include <string>
 
-#include "runtime/hooks.hpp"
-#include "runtime/stop_signal.hpp"
-#include "runtime/trainer.hpp"
+#include "runtime/train/hooks.hpp"
+#include "runtime/train/stop_signal.hpp"
+#include "runtime/train/trainer.hpp"
 
 namespace lbbsp::runtime {
 

@@ -7,11 +7,11 @@
 #include <stdexcept>
 
 #include "models/model.hpp"
-#include "runtime/h5.hpp"
-#include "runtime/hooks.hpp"
-#include "runtime/stop_signal.hpp"
-#include "runtime/telemetry.hpp"
-#include "runtime/trainer.hpp"
+#include "runtime/io/h5.hpp"
+#include "runtime/io/telemetry.hpp"
+#include "runtime/train/hooks.hpp"
+#include "runtime/train/stop_signal.hpp"
+#include "runtime/train/trainer.hpp"
 
 namespace lbbsp::runtime {
 

@@ -1,9 +1,9 @@
 // The telemetry hook: rank 0's per-rank rows (HDF5/CSV) and timeline slices of every iteration, from the
-// slots every rank's measurements reached it in (runtime/telemetry.hpp writes them).
+// slots every rank's measurements reached it in (runtime/io/telemetry.hpp writes them).
 #include <algorithm>
 
-#include "runtime/hooks.hpp"
-#include "runtime/telemetry.hpp"
+#include "runtime/io/telemetry.hpp"
+#include "runtime/train/hooks.hpp"
 
 namespace lbbsp::runtime {
 
