@@ -456,7 +456,7 @@ class LoadBalancer:
                 self._send_report(k, ready_s, ready)
         # One callback per bucket: each costs the gloo thread a turn at the GIL.
         if not last:
-            return then(work.get_future(), first_tensor)
+            return then(work, first_tensor)
         me = self._weak_self  # not self: the gloo thread that drops this callback must never drop the last
         # reference to the LoadBalancer (its teardown, with its process groups', would then run in that thread)
 
@@ -466,7 +466,7 @@ class LoadBalancer:
             if lb is not None:
                 lb._left_barrier(sends, ready, ready_s)
             return value[0] if gradients is None else gradients
-        fut = then(work.get_future(), done)
+        fut = then(work, done)
         if gradients is not None:
             self._exchange.ride(k, work, combined, fut)
         return fut

@@ -84,19 +84,19 @@ _Future = torch.futures.Future
 _LIVE: "weakref.WeakSet[ReportExchange]" = weakref.WeakSet()
 
 
-# At exit, before the interpreter shuts down: a gloo thread that needs the GIL after that point (to drop a callback
-# or the tensors of a collective it completed) is ended inside a C++ destructor and the process aborts
+# At exit, before the interpreter shuts down: a gloo thread that needs the GIL after that point (to drop a callback,
+# its future or the tensors of a collective it completed) is ended inside a C++ destructor and the process aborts
 # ("terminate called without an active exception"). Bounded: a collective whose peer is gone never completes.
 EXIT_WAIT_S = 10.0
 
 
 @atexit.register
 def _drain_at_exit() -> None:
-    """Waits for the reports still in flight, then until the gloo threads have dropped every callback of ours."""
+    """Waits for the reports still in flight, then for every collective that carries a callback of ours."""
     for exchange in list(_LIVE):
         exchange.drain(quiet=True)
     if not any(exchange.broken for exchange in list(_LIVE)):
-        hooks.wait_for_callbacks(EXIT_WAIT_S)
+        hooks.wait_for_collectives(EXIT_WAIT_S)
 
 
 class ReportExchange:

@@ -1,63 +1,60 @@
 """The DDP communication hook that SUMS gradients over ranks (DDP's default divides by the world size), and the
-callbacks on collectives' futures, counted until the thread that completes them has let them go.
+collectives whose futures carry our Python callbacks, held until their worker thread is done with them.
 
-Why they are counted: a gloo worker thread completes a collective's future, runs its Python callback, and only
-then drops the callback, which needs the GIL. Where that drop comes after the main thread has begun shutting the
-interpreter down, CPython ends the gloo thread (pthread_exit) inside a C++ destructor and the process aborts
-("terminate called without an active exception"). ``wait_for_callbacks`` (run at exit, while Python still runs)
-waits until every callback has been dropped."""
+Why they are held: a gloo worker thread completes a collective's future, runs its Python callback, completes the
+callback's own future with the Python value it returned, and only then drops the callback and that future, which
+needs the GIL. Where the thread held their last references (the LoadBalancer and the DDP model gone, as at the end
+of a script) and the main thread had meanwhile begun shutting the interpreter down, CPython ended the gloo thread
+(pthread_exit) inside a C++ destructor and the process aborted ("terminate called without an active exception").
+Held here, the last references are dropped by the interpreter's own thread; ``wait_for_collectives`` (run at exit,
+while Python still runs) waits until every held collective is done."""
 
+import collections
+import datetime
 import threading
+import time
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
-_released = threading.Condition()
-_unreleased = 0  # callbacks made by then() that no thread has dropped yet
+_lock = threading.Lock()  # comm hooks run on autograd's threads (a device thread on CUDA)
+_held: "collections.deque" = collections.deque()  # (work, the callback's future), oldest first
 
 
-class _Counted:
-    """A future's callback, counted from its making until the thread that completes the future has dropped it
-    and all that went with it."""
-
-    __slots__ = ("_callback",)
-
-    def __init__(self, callback: Callable[[torch.futures.Future], object]) -> None:
-        global _unreleased
-        self._callback = callback
-        with _released:
-            _unreleased += 1
-
-    def __call__(self, future: torch.futures.Future) -> object:
-        return self._callback(future)
-
-    def __del__(self) -> None:
-        global _unreleased
-        self._callback = None  # dropped first: what it held goes before the count says it went
-        with _released:
-            _unreleased -= 1
-            _released.notify_all()
+def then(work: dist.Work, callback: Callable[[torch.futures.Future], object]) -> torch.futures.Future:
+    """``work.get_future().then(callback)``, with the work and the returned future held until the work is done
+    (and so its worker thread with the callback). Those done since the last call are let go here."""
+    future = work.get_future().then(callback)
+    with _lock:
+        while _held and _held[0][0].is_completed():
+            _held.popleft()
+        _held.append((work, future))
+    return future
 
 
-def then(future: torch.futures.Future, callback: Callable[[torch.futures.Future], object]) -> torch.futures.Future:
-    """``future.then(callback)``, counted until the completing thread has dropped the callback. The callback must
-    not hold the last reference to anything whose teardown needs Python for long (a LoadBalancer, a process group):
-    a gloo thread would tear it down."""
-    return future.then(_Counted(callback))
+def held_collectives() -> int:
+    """Collectives made by then() and still held (done ones go at the next then())."""
+    with _lock:
+        return len(_held)
 
 
-def unreleased_callbacks() -> int:
-    """Callbacks made by then() that the threads completing their futures have not dropped yet."""
-    with _released:
-        return _unreleased
-
-
-def wait_for_callbacks(timeout_s: float) -> bool:
-    """Waits (the GIL released) until no thread holds a callback made by then(), at most ``timeout_s``; whether
-    none is left. A collective that never completes (a peer gone) keeps its callback: hence the bound."""
-    with _released:
-        return _released.wait_for(lambda: _unreleased == 0, timeout=timeout_s)
+def wait_for_collectives(timeout_s: float) -> bool:
+    """Waits (the GIL released) until every collective made by then() is done, at most ``timeout_s`` in all;
+    whether all are. They stay held: the interpreter's thread drops them. A collective whose peer is gone never
+    completes: hence the bound."""
+    with _lock:
+        works = [work for work, _ in _held]
+    deadline = time.monotonic() + timeout_s
+    for work in works:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            work.wait(datetime.timedelta(seconds=left))
+        except RuntimeError:  # timed out, or the collective failed: nothing more will come of it
+            return False
+    return True
 
 
 def first_tensor(f: torch.futures.Future) -> torch.Tensor:
@@ -71,4 +68,4 @@ def sum_allreduce_hook(process_group: Optional[dist.ProcessGroup],
     tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
     group = process_group if process_group is not None else dist.group.WORLD
     work = dist.all_reduce(tensor, group=group, async_op=True)
-    return then(work.get_future(), first_tensor)
+    return then(work, first_tensor)
