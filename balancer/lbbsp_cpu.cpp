@@ -96,13 +96,15 @@ class LbbspCpuBalancer final : public BalancerBase {
     };
     const auto probed = probe_hopeless(
         report, batch, iteration_s, [&](size_t i) { return 1.0 / signal_base_[i]; }, bounds);
-    held_ = probed.empty() ? hold_within_noise(batch, bounds)
-                           : assign_by_speed(predicted_, cfg_.global_batch, bounds);
+    std::vector<int64_t> out = probed.empty() ? hold_within_noise(batch, bounds)
+                                              : assign_by_speed(predicted_, cfg_.global_batch, bounds);
+    if (out != held_) streak_.clear();  // a new split: the evidence against the held one starts afresh
+    held_ = std::move(out);
     return held_;
   }
   std::vector<double> predicted_speeds() const override { return predicted_; }
   std::string save_state() const override {
-    StateWriter w("lbbsp-cpu/3");
+    StateWriter w("lbbsp-cpu/4");
     w.str(spec_);
     w.f64s(predicted_);
     w.f64s(base_speed_);
@@ -110,14 +112,21 @@ class LbbspCpuBalancer final : public BalancerBase {
     w.i64s(held_);
     w.f64s({miss2_, miss_weight_});
     w.f64s(recent_miss2_);
+    w.f64s(streak_.shares);
+    w.f64s({static_cast<double>(streak_.steps)});
     for (const auto& p : predictors_) w.str(p->save_state());
     return w.text();
   }
-  // "lbbsp-cpu/3" (this version), "lbbsp-cpu/2" (the last report's misses only, not the last few) or
-  // "lbbsp-cpu" (before the noise band: no held split or miss statistics).
+  // "lbbsp-cpu/4" (this version), "lbbsp-cpu/3" (no averaged speeds of the held split), "lbbsp-cpu/2" (the
+  // last report's misses only, not the last few) or "lbbsp-cpu" (before the noise band: no held split or
+  // misses).
   void load_state(const std::string& state) override {
-    const int version = state_has_tag(state, "lbbsp-cpu/3") ? 3 : state_has_tag(state, "lbbsp-cpu/2") ? 2 : 1;
-    StateReader r(state, version == 3 ? "lbbsp-cpu/3" : version == 2 ? "lbbsp-cpu/2" : "lbbsp-cpu");
+    const int version = state_has_tag(state, "lbbsp-cpu/4")   ? 4
+                        : state_has_tag(state, "lbbsp-cpu/3") ? 3
+                        : state_has_tag(state, "lbbsp-cpu/2") ? 2
+                                                              : 1;
+    static const char* const kTags[] = {"", "lbbsp-cpu", "lbbsp-cpu/2", "lbbsp-cpu/3", "lbbsp-cpu/4"};
+    StateReader r(state, kTags[version]);
     if (r.str() != spec_) throw std::invalid_argument("lbbsp-cpu: state was saved with another predictor");
     predicted_ = r.f64s();
     base_speed_ = r.f64s();
@@ -126,6 +135,7 @@ class LbbspCpuBalancer final : public BalancerBase {
       throw std::invalid_argument("lbbsp-cpu: state is for another worker count");
     held_.clear();
     recent_miss2_.clear();
+    streak_.clear();
     miss2_ = miss_weight_ = 0;
     if (version >= 2) {
       held_ = r.i64s();
@@ -138,6 +148,13 @@ class LbbspCpuBalancer final : public BalancerBase {
       recent_miss2_ = version == 2 ? std::vector<double>{miss[2]} : r.f64s();
       if (recent_miss2_.size() > kRecentSteps) throw std::invalid_argument("lbbsp-cpu: bad miss statistics");
     }
+    if (version >= 4) {
+      streak_.shares = r.f64s();
+      const std::vector<double> steps = r.f64s();
+      if ((!streak_.shares.empty() && streak_.shares.size() != n()) || steps.size() != 1 || steps[0] < 0)
+        throw std::invalid_argument("lbbsp-cpu: bad averaged speeds of the held split");
+      streak_.steps = static_cast<size_t>(steps[0]);
+    }
     for (auto& p : predictors_) p->load_state(r.str());
   }
 
@@ -148,8 +165,9 @@ class LbbspCpuBalancer final : public BalancerBase {
   // measured speeds (a co-scheduled process, 3 ranks on 2 cores, DataLoader workers) does not move samples
   // back and forth, while a straggler that costs more than the noise is balanced at once. Low-noise runs
   // (modelled costs, dedicated nodes) have a band near 0. docs/balancers.md has the measurements.
-  static constexpr double kMissAlpha = 0.1;  // EMA weight of the newest iteration's misses
-  static constexpr size_t kRecentSteps = 3;  // the band is no wider than the widest misses of these
+  static constexpr double kMissAlpha = 0.1;     // EMA weight of the newest iteration's misses
+  static constexpr size_t kRecentSteps = 3;     // the band is no wider than the widest misses of these
+  static constexpr size_t kAveragedSteps = 16;  // the averaged speeds' band narrows to a quarter, no further
   // Misses relative to the fleet's, in logs (log(measured / predicted speed) less its mean over the workers
   // measured): what all workers share (a warm-up step, a slower allreduce, a change of phase) moves no
   // sample, and a speed 10x below its prediction counts as much as one 10x above.
@@ -186,8 +204,9 @@ class LbbspCpuBalancer final : public BalancerBase {
     return b;
   }
   // The equal split when the new one beats it by no more than the noise (the speeds are then not known to
-  // differ), else the held split when the new one beats that by no more than the noise, else the new one.
-  std::vector<int64_t> hold_within_noise(const std::vector<int64_t>& batch, const BatchBounds& bounds) const {
+  // differ), else the held split when the new one beats that by no more than the noise (and the speeds
+  // predicted since it was taken, averaged, do not say otherwise: below), else the new one.
+  std::vector<int64_t> hold_within_noise(const std::vector<int64_t>& batch, const BatchBounds& bounds) {
     const auto curves = curves_from_speeds(predicted_);
     const double band = noise_band(), new_s = slowest_finish_s(curves, batch);
     const auto gains_little_over = [&](const std::vector<int64_t>& other) {  // in logs, as the misses
@@ -195,8 +214,32 @@ class LbbspCpuBalancer final : public BalancerBase {
     };
     if (band <= 0) return batch;
     const std::vector<int64_t> equal = equal_split(bounds);
-    if (gains_little_over(equal)) return equal;
-    return within(held_, bounds) && gains_little_over(held_) ? held_ : batch;
+    const bool keep_equal = gains_little_over(equal);
+    if (!keep_equal && !(within(held_, bounds) && gains_little_over(held_))) return batch;
+    if (keep_equal && equal != held_) return equal;
+    return held_or_averaged(band, bounds);
+  }
+  // The noise band keeps a held split while each new prediction beats it by less than one step's misses.
+  // Under a co-tenant that time-shares a core those misses are wide (20-30%), and a split taken on a noisy
+  // step could be held for hundreds of steps 20% off (seen with 2 gloo ranks and a spinning co-tenant). The
+  // mean of n steps' predictions misses by about band / sqrt(n): once the split best for the averaged speeds
+  // beats the held one by more than that (n counted to 16: a split within a quarter of the band stays), it is
+  // taken. Noise alone averages towards the held split, and nothing moves.
+  std::vector<int64_t> held_or_averaged(double band, const BatchBounds& bounds) {
+    double total = 0;
+    for (double p : predicted_) total += std::isfinite(p) && p > 0 ? p : 0;
+    if (total <= 0) return held_;
+    if (streak_.shares.size() != n()) streak_.shares.assign(n(), 0.0);
+    for (size_t i = 0; i < n(); ++i)  // shares, so that the fleet's speed changing together weighs nothing
+      streak_.shares[i] += std::isfinite(predicted_[i]) && predicted_[i] > 0 ? predicted_[i] / total : 0.0;
+    ++streak_.steps;
+    std::vector<double> mean(n());
+    for (size_t i = 0; i < n(); ++i) mean[i] = streak_.shares[i] / static_cast<double>(streak_.steps);
+    const std::vector<int64_t> averaged = assign_by_speed(mean, cfg_.global_batch, bounds);
+    const auto curves = curves_from_speeds(mean);
+    const double gain = std::log(slowest_finish_s(curves, held_) / slowest_finish_s(curves, averaged));
+    const double steps = static_cast<double>(std::min<size_t>(streak_.steps, kAveragedSteps));
+    return gain > band / std::sqrt(steps) ? averaged : held_;
   }
 
   std::string spec_;
@@ -207,6 +250,11 @@ class LbbspCpuBalancer final : public BalancerBase {
   std::vector<int64_t> held_;  // the split last decided (kept while a change would gain less than the noise)
   double miss2_ = 0, miss_weight_ = 0;  // EMA of the mean squared relative miss, and its weight so far
   std::vector<double> recent_miss2_;    // the mean squared relative miss of the last few reports, newest last
+  struct Streak {  // the predicted speeds (as shares) summed over the steps held_ was kept
+    std::vector<double> shares;
+    size_t steps = 0;
+    void clear() { shares.clear(), steps = 0; }
+  } streak_;
 };
 
 }  // namespace

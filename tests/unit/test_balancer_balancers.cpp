@@ -466,9 +466,23 @@ TEST(Balancers, LbbspCpuBalancesAStragglerAboveTheNoise) {
   }
 }
 
+// A straggler within the noise (worker 0 at 75% from iteration 100, 25% noise per iteration: one step's gain
+// of balancing is below one step's misses): the speeds averaged over the steps a split is held tell it apart,
+// and the run is faster than the equal split. Without the averaging the band held a split near equal.
+TEST(Balancers, LbbspCpuBalancesAStragglerWithinTheNoise) {
+  for (const std::string predictor : {"narx", "ema"}) {
+    const NoisyRun bsp = run_noisy("bsp", "ema", 0.25, 0.75, 100);
+    const NoisyRun lb = run_noisy("lbbsp-cpu", predictor, 0.25, 0.75, 100);
+    double share0 = 0;  // worker 0's mean share of the 400 samples, iterations 150..299 (balanced: 82 of 400)
+    for (size_t t = 150; t < 300; ++t) share0 += static_cast<double>(lb.batch[t][0]) / 150.0;
+    EXPECT_LT(share0, 92) << predictor;
+    EXPECT_LT(mean_of(lb.iteration_s, 150, 300), 0.97 * mean_of(bsp.iteration_s, 150, 300)) << predictor;
+  }
+}
+
 namespace {
 
-// lbbsp-cpu:ema on 4 workers for 6 iterations; `rewrite` turns its saved state (format lbbsp-cpu/3) into an
+// lbbsp-cpu:ema on 4 workers for 6 iterations; `rewrite` turns its saved state (format lbbsp-cpu/4) into an
 // older format's text. A fresh balancer loads that with the same predictions, and goes on from the split in
 // the next report with valid splits.
 void expect_older_state_loads(const std::function<std::string(StateReader&, size_t)>& rewrite) {
@@ -478,7 +492,7 @@ void expect_older_state_loads(const std::function<std::string(StateReader&, size
   auto batch = a->initial();
   for (size_t t = 0; t < 6; ++t) batch = a->next(c.report(t, batch));
   const std::string saved = a->save_state();  // (StateReader keeps a reference)
-  StateReader r(saved, "lbbsp-cpu/3");
+  StateReader r(saved, "lbbsp-cpu/4");
   const std::string old = rewrite(r, n);
   auto b = make_balancer(config("lbbsp-cpu:ema", n, 400));
   ASSERT_NO_THROW(b->load_state(old));
@@ -498,6 +512,7 @@ TEST(Balancers, LbbspCpuLoadsAStateFromBeforeTheNoiseBand) {
     old.str(r.str());
     for (int k = 0; k < 3; ++k) old.f64s(r.f64s());   // predicted, base speed, signal base
     r.i64s(), r.f64s(), r.f64s();                     // held split, miss statistics: not in the old format
+    r.f64s(), r.f64s();                               // the held split's averaged speeds (format 4)
     for (size_t i = 0; i < n; ++i) old.str(r.str());  // the predictors
     return old.text();
   });
@@ -515,6 +530,7 @@ TEST(Balancers, LbbspCpuLoadsAStateOfFormat2) {
     EXPECT_FALSE(recent.empty());
     miss.push_back(recent.empty() ? 0.0 : recent.back());  // format 2 kept the last report's misses only
     v2.f64s(miss);
+    r.f64s(), r.f64s();  // the held split's averaged speeds (format 4)
     for (size_t i = 0; i < n; ++i) v2.str(r.str());
     return v2.text();
   });

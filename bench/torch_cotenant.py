@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""lbbsp.torch against a real co-tenant, side by side with plain DDP and the published peers in one run.
+
+Two gloo ranks, rank r pinned to core r, one torch thread each, a small CNN (two 5x5 convolutions, a linear layer)
+on 28x28 inputs, global batch 128, SGD. A co-tenant process pinned to core 1 takes rank 1's CPU:
+
+    none     no co-tenant
+    steady   a process spinning for the whole run (rank 1 gets about half its core)
+    onoff    spinning PERIOD s, idle PERIOD s (--period, default 1.5)
+    trace    a real utilisation series replayed: the share u of each tick (--tick s) burnt in 10 ms slices
+             (Alibaba 2018 co-located machine m_1933 from ../shared/traces, else a built-in series)
+    membw    a STREAM-like copy of two 64 MB arrays (memory bandwidth and the core)
+
+Runners, each a fresh pair of ranks under the same co-tenant, in rotating order over --repeats rounds:
+
+    plain      DDP, equal split, DDP's own averaging hook (the baseline)
+    lbbsp      DDP + lbbsp.torch.LoadBalancer (--balancer, --predictor)
+    omnilearn  OmniLearn's controller (TPDS 2025) as its paper gives it: every 20 steps each worker moves its batch
+               by -(b/t)(t - mean t), 5% dead band; gradients summed (benchmark code, not the product)
+    naive      what a user would write: sizes proportional to the measured speeds (samples/s), smoothed (EMA 0.5),
+               re-sized every step
+    timed      the equal split with each rank's compute time measured (to the last gradient bucket): gives the
+               ideal, the per-step oracle split from each rank's measured speed under its co-tenant
+
+Prints a Markdown table (mean step after warm-up over the rounds: min-max, speed-up over plain, fraction of the
+ideal speed-up, rank 1's mean share) and writes every run's per-step record to --out/runs.json.
+
+    python3 bench/torch_cotenant.py --scenario steady --repeats 3 --out results/cotenant
+"""
+
+import argparse
+import gzip
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import lbbsp
+from lbbsp.torch import LoadBalancer, sum_allreduce_hook
+
+X, STEPS_PER_EPOCH = 128, 100
+TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/alibaba_v2018_machine_usage/machine_usage.csv.gz"
+RUNNERS = ["plain", "lbbsp", "omnilearn", "naive", "timed"]
+
+
+# ---- the co-tenant (runs in its own process, pinned to core 1) ----
+
+def spin_until(t):
+    while time.perf_counter() < t:
+        pass
+
+
+def trace_shares(machine="m_1933", count=600):
+    """CPU shares in [0, 1] of one machine's utilisation series (the real trace where present)."""
+    if TRACE.exists():
+        with gzip.open(TRACE, "rt") as f:
+            rows = [line.split(",") for line in f if line.startswith(machine + ",")]
+        return [float(r[2]) / 100.0 for r in rows[:count]]
+    g = np.random.default_rng(1)
+    return list(np.clip(0.5 + 0.4 * np.sin(np.arange(count) / 3.0) + g.normal(0, 0.1, count), 0, 1))
+
+
+def cotenant(kind, period, tick):
+    os.sched_setaffinity(0, {1})
+    if kind == "steady":
+        while True:
+            pass
+    elif kind == "onoff":
+        while True:
+            spin_until(time.perf_counter() + period)
+            time.sleep(period)
+    elif kind == "trace":
+        shares = trace_shares()
+        while True:
+            for u in shares:
+                end = time.perf_counter() + tick
+                while time.perf_counter() < end:  # u of each 10 ms slice busy
+                    spin_until(time.perf_counter() + 0.01 * u)
+                    time.sleep(0.01 * (1.0 - u))
+    elif kind == "membw":
+        a, b = np.ones(1 << 23), np.empty(1 << 23)
+        while True:
+            np.copyto(b, a)
+            np.copyto(a, b)
+
+
+# ---- the ranks ----
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 5, padding=2),
+                         nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(1568, 10))
+
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    n = X * STEPS_PER_EPOCH
+    return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+class LastBucketClock:
+    """A SUM hook (``hook``) that notes when this rank's last gradient bucket is ready: the step's compute ends
+    there."""
+
+    def __init__(self):
+        self.ready = 0.0
+
+        def hook(state, bucket):
+            if bucket.is_last():
+                self.ready = time.perf_counter()
+            return sum_allreduce_hook(state, bucket)
+        self.hook = hook
+
+
+def largest_remainder(weights, total):
+    """Integer sizes proportional to weights, summing to total, each >= 1."""
+    w = np.maximum(np.asarray(weights, dtype=np.float64), 1e-12)
+    raw = w / w.sum() * (total - len(w))
+    sizes = np.floor(raw).astype(np.int64)
+    sizes[np.argsort(sizes - raw)[: total - len(w) - sizes.sum()]] += 1
+    return sizes + 1
+
+
+class OmniLearn:
+    """Every `window` steps: b_r -= (b_r / t_r)(t_r - mean t) where |t_r - mean t| > 5% of mean t."""
+
+    def __init__(self, world, window=20, band=0.05):
+        self.sizes = np.full(world, X // world, dtype=np.int64)
+        self.window, self.band, self.times = window, band, []
+
+    def update(self, step, t_mine):
+        self.times.append(t_mine)
+        if (step + 1) % self.window:
+            return
+        t = gather(float(np.mean(self.times)))
+        self.times = []
+        mean = t.mean()
+        b = self.sizes.astype(np.float64)
+        move = np.where(np.abs(t - mean) > self.band * mean, -(b / t) * (t - mean), 0.0)
+        self.sizes = largest_remainder(np.maximum(b + move, 1.0), X)
+
+
+class Naive:
+    """Sizes proportional to the measured speeds (samples/s), an EMA of 0.5, every step."""
+
+    def __init__(self, world):
+        self.sizes = np.full(world, X // world, dtype=np.int64)
+        self.speed = None
+
+    def update(self, step, t_mine):
+        t = gather(t_mine)
+        s = self.sizes / np.maximum(t, 1e-6)
+        self.speed = s if self.speed is None else 0.5 * self.speed + 0.5 * s
+        self.sizes = largest_remainder(self.speed, X)
+
+
+def gather(value):
+    """Every rank's float."""
+    outs = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(outs, torch.tensor([value], dtype=torch.float64))
+    return torch.cat(outs).numpy()
+
+
+def rank_main(rank, world, port, runner, a, out):
+    os.sched_setaffinity(0, {rank})
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    x, y = data()
+    ddp = DDP(make_model())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    lb = clock = ctrl = None
+    if runner == "lbbsp":
+        lb = LoadBalancer(ddp, dataset_size=len(x), global_batch=X, balancer=a.balancer, predictor=a.predictor)
+    elif runner != "plain":
+        clock = LastBucketClock()
+        ddp.register_comm_hook(None, clock.hook)
+        ctrl = OmniLearn(world) if runner == "omnilearn" else Naive(world) if runner == "naive" else None
+    rec = {"end": [], "sizes": [], "compute": [], "lb_step_s": []}
+    equal, perm = np.full(world, X // world, dtype=np.int64), None
+    for k in range(a.steps):
+        epoch, step = divmod(k, STEPS_PER_EPOCH)
+        t0 = time.perf_counter()
+        if lb is not None:
+            sizes, idx = lb.batch_sizes, lb.indices(epoch, step)
+        else:
+            sizes = ctrl.sizes if ctrl is not None else equal
+            if perm is None or perm[0] != epoch:
+                perm = (epoch, lbbsp.epoch_permutation(len(x), 1, epoch))
+            idx = lbbsp.rank_indices(perm[1], step, sizes, rank)
+        idx = torch.from_numpy(idx)
+        out_ = ddp(x[idx])
+        if runner == "plain":
+            loss = F.cross_entropy(out_, y[idx])  # DDP averages: the equal split's mean loss
+        elif lb is not None:
+            loss = lb.scale(F.cross_entropy(out_, y[idx]))
+        else:
+            loss = F.cross_entropy(out_, y[idx], reduction="sum") / X
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if lb is not None:
+            s0 = time.perf_counter()
+            lb.step()
+            rec["lb_step_s"].append(time.perf_counter() - s0)
+        elif clock is not None:
+            rec["compute"].append(clock.ready - t0)
+            if ctrl is not None:
+                ctrl.update(k, clock.ready - t0)
+        rec["end"].append(time.perf_counter())
+        rec["sizes"].append([int(v) for v in sizes])
+    if lb is not None:
+        rec["lbbsp_timing"] = dict(lb.timing)
+    if clock is not None:
+        rec["compute_all"] = gather_list(rec["compute"], world)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(rec, f)
+    dist.destroy_process_group()
+
+
+def gather_list(values, world):
+    t = torch.tensor(values, dtype=torch.float64)
+    outs = [torch.zeros_like(t) for _ in range(world)]
+    dist.all_gather(outs, t)
+    return [o.tolist() for o in outs]
+
+
+# ---- one run, and the table ----
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(runner, a, folder, tag):
+    tenant = None
+    if a.scenario != "none":
+        tenant = mp.get_context("fork").Process(target=cotenant, args=(a.scenario, a.period, a.tick), daemon=True)
+        tenant.start()
+    out = os.path.join(folder, f"{tag}.json")
+    try:
+        mp.start_processes(rank_main, args=(2, free_port(), runner, a, out), nprocs=2, start_method="fork")
+    finally:
+        if tenant is not None:
+            tenant.kill()
+            tenant.join()
+    with open(out) as f:
+        return json.load(f)
+
+
+def summarise(rec, warmup):
+    end = np.array(rec["end"])
+    steps = np.diff(end)[warmup:]
+    sizes = np.array(rec["sizes"])[warmup + 1:]
+    s = {"step_ms": 1e3 * float(steps.mean()), "rank1_share": float(sizes[:, 1].mean())}
+    if rec.get("lb_step_s"):
+        s["lb_step_us"] = 1e6 * float(np.mean(rec["lb_step_s"][warmup:]))
+    if "compute_all" in rec and not np.any(np.diff(np.array(rec["sizes"]), axis=0)):  # the timed equal split
+        t = np.array(rec["compute_all"])[:, warmup:]  # ranks x steps
+        speeds = (X / t.shape[0]) / np.maximum(t, 1e-9)
+        s["saved_ms"] = 1e3 * float((t.max(axis=0) - X / speeds.sum(axis=0)).mean())
+    return s
+
+
+def table(results, a):
+    plain = [r["step_ms"] for r in results["plain"]]
+    saved = [r["saved_ms"] for r in results.get("timed", []) if "saved_ms" in r]
+    ideal = np.mean(plain) / (np.mean(plain) - np.mean(saved)) if saved else float("nan")
+    lines = [f"scenario {a.scenario}: {a.repeats} rounds of {a.steps} steps (first {a.warmup} not counted); ideal "
+             f"speed-up over plain {ideal:.2f}x (the per-step oracle split of the timed equal split's measured speeds)",
+             "", "| runner | mean step ms (min-max) | vs plain | of ideal | rank 1's share of 128 | lbbsp step() us |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for runner, rs in results.items():
+        ms = [r["step_ms"] for r in rs]
+        speedup = np.mean(plain) / np.mean(ms)
+        of_ideal = (speedup - 1) / (ideal - 1) if ideal > 1.0001 else float("nan")
+        lb_us = f"{np.mean([r['lb_step_us'] for r in rs]):.0f}" if "lb_step_us" in rs[0] else ""
+        lines.append(f"| {runner} | {np.mean(ms):.1f} ({min(ms):.1f}-{max(ms):.1f}) | {speedup:.2f}x | "
+                     f"{of_ideal:.2f} | {np.mean([r['rank1_share'] for r in rs]):.1f} | {lb_us} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default="steady", choices=["none", "steady", "onoff", "trace", "membw"])
+    ap.add_argument("--runners", default=",".join(RUNNERS))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=40)
+    ap.add_argument("--period", type=float, default=1.5, help="onoff: seconds on, then off")
+    ap.add_argument("--tick", type=float, default=0.25, help="trace: seconds per trace sample")
+    ap.add_argument("--balancer", default="lbbsp-cpu")
+    ap.add_argument("--predictor", default="narx")
+    ap.add_argument("--out", default="results/cotenant")
+    a = ap.parse_args()
+    if (os.cpu_count() or 1) < 2 or len(os.sched_getaffinity(0)) < 2:
+        sys.exit("torch_cotenant.py: needs cores 0 and 1")
+    runners = a.runners.split(",")
+    if "plain" not in runners:
+        sys.exit("torch_cotenant.py: --runners must include plain (the baseline)")
+    folder = os.path.join(a.out, a.scenario)
+    os.makedirs(folder, exist_ok=True)
+    results = {r: [] for r in runners}
+    for rep in range(a.repeats):
+        order = runners[rep % len(runners):] + runners[:rep % len(runners)]  # rotate: no runner always first
+        for runner in order:
+            rec = run(runner, a, folder, f"{runner}-{rep}")
+            results[runner].append(summarise(rec, a.warmup))
+            print(f"round {rep} {runner}: {results[runner][-1]}", file=sys.stderr, flush=True)
+    text = table(results, a)
+    print(text)
+    with open(os.path.join(folder, "summary.json"), "w") as f:
+        json.dump({"scenario": a.scenario, "args": vars(a), "results": results, "table": text}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
