@@ -1,7 +1,7 @@
 // Cost of the speed predictors: predict + observe per worker per iteration for each kind, and the NARX update
 // for a whole fleet (96 and 4096 workers, total per iteration) as rank 0 runs it: BM_NarxFleet on one thread
 // (CPU time), BM_NarxFleetThreads through predictors::for_each_worker as LbbspCpuBalancer::next runs it
-// (wall time; threads = 1 and all of omp_get_max_threads()). Issue #4's targets: < 1 ms for 96 workers,
+// (wall time; threads = 1 and all of omp_get_max_threads()). The targets: < 1 ms for 96 workers,
 // < 20 ms for 4096.
 #include <benchmark/benchmark.h>
 #include <omp.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything we measure on a lent 16-core GPU machine (one H200, no network, none of our packages), in one go and
+# Everything we measure on a 16-core GPU machine (one H200, no network, none of our packages), in one go and
 # under 9 minutes, into the folder $OUT names (docs/device_check.md: how to carry it there and read the results):
 #   1. gpu        the GPU tests and the time-vs-batch table: scripts/gpu_check.sh --bundle (status "no GPU" when
 #                 nvidia-smi sees none)

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Table (b) of issue #4: speed predictors on telemetry recorded by real `lbbsp train` runs.
+"""The predictor table: speed predictors on telemetry recorded by real `lbbsp train` runs.
 
 Records runs from scratch (mpirun, 4 ranks, MLP on Fashion-MNIST, `--balancer lbbsp-cpu --predictor narx
 --log-dir`), then replays each run's telemetry through the predictors with

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""How predictable are the speeds in recorded telemetry? Bounds for table (b) of issue #4.
+"""How predictable are the speeds in recorded telemetry? Bounds for the predictor table.
 
 For every run under DIR/runs/*/telemetry.h5 (as written by scripts/experiments/telemetry_eval.py) and every rank,
 with s_t the measured speed of iteration t and the exogenous inputs x_t measured at the barrier after it (the
@@ -22,7 +22,7 @@ import sys
 
 import h5py
 import numpy as np
-from telemetry_eval import setting_of  # the same setting names as the table (b) script
+from telemetry_eval import setting_of  # the same setting names as the predictor-table script
 
 ALPHA = 0.3  # EMA of lbbsp's `ema` predictor
 

@@ -427,7 +427,7 @@ def test_dataloader_with_workers_and_lag(tmp_path):
     counts = [read_pickle(tmp_path / f"loader-2-2-{r}.pkl") for r in range(2)]
     assert all(isinstance(c, list) and len(c) == 20 for c in counts), counts
     assert all(a + b == 24 for a, b in zip(*counts))
-    spawn(_loader_worker, 2, tmp_path, 1, 1)  # 1 worker: lag 1, as the issue asks
+    spawn(_loader_worker, 2, tmp_path, 1, 1)  # 1 worker: lag 1
     assert isinstance(read_pickle(tmp_path / "loader-1-1-0.pkl"), list)
     spawn(_loader_worker, 2, tmp_path, 0, 2)  # prefetching past what is decided: a clear error
     msg = read_pickle(tmp_path / "loader-0-2-0.pkl")

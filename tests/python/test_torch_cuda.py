@@ -6,7 +6,7 @@ the model's device, the user's peak-memory statistics left alone), run two ways 
   of the CUDA path runs here and every device it is handed is checked;
 - "cuda", on a real GPU: gloo ranks sharing the device(s), each rank's per-sample work a GPU kernel queued
   asynchronously, and NCCL with a rank per device; skipped where torch sees no GPU (scripts/device_check.sh
-  runs them on a lent GPU machine).
+  runs them on a GPU machine).
 The memory cap is checked with FakeCuda only: a real device has far more memory than a test can make scarce."""
 
 import os
