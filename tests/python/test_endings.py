@@ -7,8 +7,8 @@ torchrun does not start under Python 3.11) and mpirun (10).
 
 The failure these guard against: a gloo thread that needs the GIL (to drop a comm hook's callback, or what that
 callback held) after the interpreter began to shut down is ended inside a C++ destructor, and the process aborts
-("terminate called without an active exception"); docs/torch.md, "Ending a job". Before the fix, 10 of 40 ranks
-of the tutorial's ending aborted here."""
+("terminate called without an active exception"); docs/torch-design.md, "Why a job ends cleanly". Before the
+fix, 10 of 40 ranks of the tutorial's ending aborted here."""
 
 import os
 import shutil
