@@ -8,7 +8,8 @@ on 28x28 inputs, global batch 128, SGD. A co-tenant process pinned to core 1 tak
     steady   a process spinning for the whole run (rank 1 gets about half its core)
     onoff    spinning PERIOD s, idle PERIOD s (--period, default 1.5)
     trace    a real utilisation series replayed: the share u of each tick (--tick s) burnt in 10 ms slices
-             (Alibaba 2018 co-located machine m_1933 from ../shared/traces, else a built-in series)
+             (Alibaba 2018 co-located machine m_1937 from sample 6200: mean share 0.56, SD 0.25, from
+             ../shared/traces; else a built-in series)
     membw    a STREAM-like copy of two 64 MB arrays (memory bandwidth and the core)
 
 Runners, each a fresh pair of ranks under the same co-tenant, in rotating order over --repeats rounds:
@@ -60,12 +61,12 @@ def spin_until(t):
         pass
 
 
-def trace_shares(machine="m_1933", count=600):
+def trace_shares(machine="m_1937", start=6200, count=600):
     """CPU shares in [0, 1] of one machine's utilisation series (the real trace where present)."""
     if TRACE.exists():
         with gzip.open(TRACE, "rt") as f:
             rows = [line.split(",") for line in f if line.startswith(machine + ",")]
-        return [float(r[2]) / 100.0 for r in rows[:count]]
+        return [float(r[2]) / 100.0 for r in rows[start:start + count]]
     g = np.random.default_rng(1)
     return list(np.clip(0.5 + 0.4 * np.sin(np.arange(count) / 3.0) + g.normal(0, 0.1, count), 0, 1))
 
