@@ -33,12 +33,6 @@ def then(work: dist.Work, callback: Callable[[torch.futures.Future], object]) ->
     return future
 
 
-def held_collectives() -> int:
-    """Collectives made by then() and still held (done ones go at the next then())."""
-    with _lock:
-        return len(_held)
-
-
 def wait_for_collectives(timeout_s: float) -> bool:
     """Waits (the GIL released) until every collective made by then() is done, at most ``timeout_s`` in all;
     whether all are. They stay held: the interpreter's thread drops them. A collective whose peer is gone never
