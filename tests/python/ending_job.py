@@ -47,11 +47,13 @@ def model():
     return torch.nn.Sequential(torch.nn.Linear(DIM, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
 
 
-def end(ending, lb):
+def end(ending, held):
+    """``held``: a list holding the job's only reference to its LoadBalancer (the caller deleted its own name), so
+    that drop_then_destroy really drops it before destroying the process group."""
     if ending == "global":
-        KEPT.append(lb)
+        KEPT.append(held.pop())
     elif ending == "drop_then_destroy":
-        del lb
+        held.clear()
         gc.collect()
         dist.destroy_process_group()
     elif ending == "destroy_last":
@@ -75,7 +77,9 @@ def torch_worker(ending):
         lb.step()
         if ending == "exception" and step == STEPS - 1:
             raise UserError("the user's error at the last step")
-    end(ending, lb)
+    held = [lb]
+    del lb
+    end(ending, held)
 
 
 def lightning_worker(ending, world):
@@ -105,7 +109,7 @@ def lightning_worker(ending, world):
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          num_sanity_val_steps=0)
     trainer.fit(Net())
-    end(ending, strategy.load_balancer)
+    end(ending, [strategy.load_balancer])  # the strategy keeps its own reference
 
 
 def accelerate_worker(ending, world):
@@ -125,7 +129,9 @@ def accelerate_worker(ending, world):
             raise UserError("the user's error at the last step")
         if step == STEPS - 1:
             break
-    end(ending, lb)
+    held = [lb]
+    del lb
+    end(ending, held)
 
 
 def run_rank(ending, framework, world):

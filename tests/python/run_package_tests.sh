@@ -12,4 +12,4 @@ cd "$SCRATCH"
 parallel=()
 "$SCRATCH/venv/bin/python" -c "import xdist" 2>/dev/null && parallel=(-n "$(nproc)")
 LBBSP_BIN=$LBBSP "$SCRATCH/venv/bin/python" -m pytest -q -p no:cacheprovider "${parallel[@]}" "$SRC/tests/python/test_package.py" \
-  "$SRC/tests/python/test_torch.py" "$SRC/tests/python/test_torch_cuda.py" "$SRC/tests/python/test_endings.py"
+  "$SRC/tests/python/test_torch.py" "$SRC/tests/python/test_torch_cuda.py" "$SRC/tests/python/test_endings.py" "$SRC/tests/python/test_replay.py"

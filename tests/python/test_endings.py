@@ -12,13 +12,13 @@ fix, 10 of 40 ranks of the tutorial's ending aborted here."""
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from ending_job import free_port  # one helper for the runner and the tests
 
 JOB = Path(__file__).with_name("ending_job.py")
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
@@ -128,11 +128,7 @@ def test_mpirun_jobs_exit_cleanly(tmp_path):
 
     def cmd(folder):
         return [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "PYTHONPATH", "-x",
-                f"MASTER_PORT={_free_port()}", sys.executable, str(JOB), "env", "no_destroy"]
+                f"MASTER_PORT={free_port()}", sys.executable, str(JOB), "env", "no_destroy"]
     assert_launched_jobs_exit(tmp_path, cmd, 10)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
