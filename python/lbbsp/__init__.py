@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from . import _lbbsp
+from ._checks import EMPTY_F64, EMPTY_I64, check_int, check_name, float_array, int_array
 
 __version__: str = _lbbsp.__version__
 __all__ = [
@@ -49,61 +50,6 @@ PREDICTORS = tuple(_lbbsp.predictor_kinds())
 #: (``RANK_EXO[RANK_CAPACITY_EXO]``) is the capacity-like CPU share.
 RANK_EXO = tuple(_lbbsp.RANK_EXO)
 RANK_CAPACITY_EXO: int = _lbbsp.RANK_CAPACITY_EXO
-
-
-# ---- argument checks: every bad input is a ValueError or TypeError that names the argument ----
-
-
-def _int_array(value: Any, name: str, length: Optional[int] = None, minimum: Optional[int] = 0) -> np.ndarray:
-    """A 1-D int64 copy of value; integers only (a float array is refused, not rounded)."""
-    a = np.asarray(value)
-    if a.dtype == object or not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
-        raise TypeError(f"{name} must be an array of integers, got dtype {a.dtype}")
-    if a.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional, got shape {a.shape}")
-    if length is not None and a.shape[0] != length:
-        raise ValueError(f"{name} must have one entry per worker ({length}), got {a.shape[0]}")
-    if minimum is not None and a.size and a.min() < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {a.min()} at index {int(np.argmin(a))}")
-    return np.ascontiguousarray(a, dtype=np.int64)
-
-
-def _float_array(value: Any, name: str, shape: tuple, nonnegative: bool = True) -> np.ndarray:
-    """A float64 copy of value with the given shape (None = any), finite and (optionally) >= 0."""
-    a = np.asarray(value)
-    if a.dtype == object or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
-        raise TypeError(f"{name} must be an array of real numbers, got dtype {a.dtype}")
-    if a.ndim != len(shape) or any(want is not None and got != want for got, want in zip(a.shape, shape)):
-        want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
-        raise ValueError(f"{name} must have shape {want}, got {a.shape}")
-    a = np.ascontiguousarray(a, dtype=np.float64)
-    bad = ~np.isfinite(a) | ((a < 0) if nonnegative else False)
-    if bad.any():
-        where = tuple(int(i) for i in np.argwhere(bad)[0])
-        rule = "finite and >= 0" if nonnegative else "finite"
-        raise ValueError(f"{name} must be {rule}, got {a[where]} at index {where[0] if len(where) == 1 else where}")
-    return a
-
-
-def _check_int(value: Any, name: str, minimum: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _check_name(value: Any, name: str, known: Sequence[str]) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
-    base = value.split(":", 1)[0]
-    if base not in known:
-        raise ValueError(f"unknown {name} '{value}': choose one of {', '.join(known)}")
-    return value
-
-
-_EMPTY_I64 = np.zeros(0, dtype=np.int64)
-_EMPTY_F64 = np.zeros(0, dtype=np.float64)
 
 
 # ---- balancer ----
@@ -142,13 +88,13 @@ class Balancer:
     def __init__(self, name: str, workers: int, global_batch: int, predictor: str = "narx", seed: int = 0,
                  min_batch: int = 0, num_exo: int = 0, capacity_exo: int = -1,
                  mem_cap: Optional[Sequence[int]] = None) -> None:
-        _check_name(name, "balancer", BALANCERS)
-        _check_name(predictor, "predictor", PREDICTORS)
-        workers = _check_int(workers, "workers", 1)
-        caps = () if mem_cap is None else tuple(int(c) for c in _int_array(mem_cap, "mem_cap", workers))
-        self._config = _Config(name, workers, _check_int(global_batch, "global_batch", 0), predictor,
-                               _check_int(seed, "seed", 0), _check_int(min_batch, "min_batch", 0),
-                               _check_int(num_exo, "num_exo", 0), _check_int(capacity_exo, "capacity_exo", -1),
+        check_name(name, "balancer", BALANCERS)
+        check_name(predictor, "predictor", PREDICTORS)
+        workers = check_int(workers, "workers", 1)
+        caps = () if mem_cap is None else tuple(int(c) for c in int_array(mem_cap, "mem_cap", workers))
+        self._config = _Config(name, workers, check_int(global_batch, "global_batch", 0), predictor,
+                               check_int(seed, "seed", 0), check_int(min_batch, "min_batch", 0),
+                               check_int(num_exo, "num_exo", 0), check_int(capacity_exo, "capacity_exo", -1),
                                caps)
         c = _lbbsp.BalancerConfig()
         for field in dataclasses.fields(_Config):
@@ -197,20 +143,20 @@ class Balancer:
             NumPy int64 array, one entry per worker, summing to ``global_batch`` within the bounds.
         """
         n, k = self._config.workers, self._config.num_exo
-        b = _int_array(batch, "batch", n)
-        t = _float_array(compute_s, "compute_s", (n,))
+        b = int_array(batch, "batch", n)
+        t = float_array(compute_s, "compute_s", (n,))
         if exo is None and k:
             raise ValueError(f"exo is required: this balancer was made with num_exo={k}")
-        x = _EMPTY_F64 if exo is None else _float_array(exo, "exo", (n, k), nonnegative=False).ravel()
-        xn = _EMPTY_F64 if exo_next is None else _float_array(exo_next, "exo_next", (n, None), False).ravel()
-        cap = _EMPTY_I64 if mem_cap is None else _int_array(mem_cap, "mem_cap", n)
-        c = _EMPTY_F64 if capacity is None else _float_array(capacity, "capacity", (n,))
-        cn = _EMPTY_F64 if capacity_next is None else _float_array(capacity_next, "capacity_next", (n,))
+        x = EMPTY_F64 if exo is None else float_array(exo, "exo", (n, k), nonnegative=False).ravel()
+        xn = EMPTY_F64 if exo_next is None else float_array(exo_next, "exo_next", (n, None), False).ravel()
+        cap = EMPTY_I64 if mem_cap is None else int_array(mem_cap, "mem_cap", n)
+        c = EMPTY_F64 if capacity is None else float_array(capacity, "capacity", (n,))
+        cn = EMPTY_F64 if capacity_next is None else float_array(capacity_next, "capacity_next", (n,))
         return self._next_checked(b, t, x, xn, cap, c, cn)
 
     def _next_checked(self, batch: np.ndarray, compute_s: np.ndarray, exo: np.ndarray, exo_next: np.ndarray,
-                      mem_cap: np.ndarray, capacity: np.ndarray = _EMPTY_F64,
-                      capacity_next: np.ndarray = _EMPTY_F64) -> np.ndarray:
+                      mem_cap: np.ndarray, capacity: np.ndarray = EMPTY_F64,
+                      capacity_next: np.ndarray = EMPTY_F64) -> np.ndarray:
         """next() for arguments already checked by the caller (contiguous int64 / float64, exo raveled):
         lbbsp.torch checks its reports where they are made, and next()'s checks cost ~60 us a step."""
         out = self._impl.next(self._iteration, batch, compute_s, exo, exo_next, mem_cap, capacity, capacity_next)
@@ -270,10 +216,10 @@ class Predictor:
     """
 
     def __init__(self, spec: str, num_exo: int = 0, seed: int = 0) -> None:
-        _check_name(spec, "predictor", PREDICTORS)
-        self._num_exo = _check_int(num_exo, "num_exo", 0)
+        check_name(spec, "predictor", PREDICTORS)
+        self._num_exo = check_int(num_exo, "num_exo", 0)
         self._spec = spec
-        self._seed = _check_int(seed, "seed", 0)
+        self._seed = check_int(seed, "seed", 0)
         self._impl = _lbbsp.make_predictor(spec, self._num_exo, self._seed)
 
     @property
@@ -284,12 +230,12 @@ class Predictor:
         """Step t's measured speed (samples/s; NaN or <= 0 mean missing) and its exogenous inputs."""
         if isinstance(speed, bool) or not isinstance(speed, (int, float, np.integer, np.floating)):
             raise TypeError(f"speed must be a number, got {type(speed).__name__}")
-        x = _float_array([] if exo is None else exo, "exo", (self._num_exo,), nonnegative=False)
+        x = float_array([] if exo is None else exo, "exo", (self._num_exo,), nonnegative=False)
         self._impl.observe(float(speed), x.tolist())
 
     def predict(self, exo_next: Optional[Sequence[float]] = None) -> float:
         """Speed expected at step t+1 given the inputs already known for it; always finite and > 0."""
-        x = _EMPTY_F64 if exo_next is None else _float_array(exo_next, "exo_next", (None,), nonnegative=False)
+        x = EMPTY_F64 if exo_next is None else float_array(exo_next, "exo_next", (None,), nonnegative=False)
         return float(self._impl.predict(x.tolist()))
 
     def save_state(self) -> bytes:
@@ -319,25 +265,25 @@ class Predictor:
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     """The order of the n training samples in an epoch, exactly as ``lbbsp train --seed SEED`` visits them."""
-    return _lbbsp.epoch_permutation(_check_int(n, "n", 0), _check_int(seed, "seed", 0),
-                                    _check_int(epoch, "epoch", 0))
+    return _lbbsp.epoch_permutation(check_int(n, "n", 0), check_int(seed, "seed", 0),
+                                    check_int(epoch, "epoch", 0))
 
 
 def rank_indices(permutation: Any, step: int, batch: Sequence[int], rank: int) -> np.ndarray:
     """Worker ``rank``'s sample indices at ``step`` of an epoch: positions ``[step*X + b_0+..+b_{rank-1},
     + b_rank)`` of the permutation, X = ``sum(batch)``."""
-    perm = _int_array(permutation, "permutation", minimum=None)
-    b = _int_array(batch, "batch")
-    rank = _check_int(rank, "rank")
+    perm = int_array(permutation, "permutation", minimum=None)
+    b = int_array(batch, "batch")
+    rank = check_int(rank, "rank")
     if not 0 <= rank < b.shape[0]:
         raise ValueError(f"rank must be in [0, {b.shape[0]}), got {rank}")
-    return _lbbsp.rank_indices(perm, _check_int(step, "step", 0), b, rank)
+    return _lbbsp.rank_indices(perm, check_int(step, "step", 0), b, rank)
 
 
 def slice_offset(batch: Sequence[int], rank: int) -> int:
     """``b_0 + ... + b_{rank-1}``: where worker ``rank``'s slice starts inside the global batch."""
-    b = _int_array(batch, "batch")
-    rank = _check_int(rank, "rank")
+    b = int_array(batch, "batch")
+    rank = check_int(rank, "rank")
     if not 0 <= rank <= b.shape[0]:
         raise ValueError(f"rank must be in [0, {b.shape[0]}], got {rank}")
     return int(_lbbsp.slice_offset(b, rank))
@@ -345,16 +291,16 @@ def slice_offset(batch: Sequence[int], rank: int) -> int:
 
 def steps_per_epoch(n: int, global_batch: int) -> int:
     """Whole global batches in n samples (an epoch's remainder is dropped, as in ``lbbsp train``)."""
-    return int(_lbbsp.steps_per_epoch(_check_int(n, "n", 0), _check_int(global_batch, "global_batch", 1)))
+    return int(_lbbsp.steps_per_epoch(check_int(n, "n", 0), check_int(global_batch, "global_batch", 1)))
 
 
 def check_batch(batch: Sequence[int], global_batch: int, min: Optional[Sequence[int]] = None,
                 max: Optional[Sequence[int]] = None) -> None:
     """Raises ValueError unless batch sums to ``global_batch`` and lies within the per-worker bounds."""
-    b = _int_array(batch, "batch", minimum=None)
-    lo = [] if min is None else _int_array(min, "min", b.shape[0]).tolist()
-    hi = [] if max is None else _int_array(max, "max", b.shape[0]).tolist()
-    _lbbsp.check_batch(b.tolist(), _check_int(global_batch, "global_batch", 0), lo, hi)
+    b = int_array(batch, "batch", minimum=None)
+    lo = [] if min is None else int_array(min, "min", b.shape[0]).tolist()
+    hi = [] if max is None else int_array(max, "max", b.shape[0]).tolist()
+    _lbbsp.check_batch(b.tolist(), check_int(global_batch, "global_batch", 0), lo, hi)
 
 
 def assign_by_speed(speeds: Sequence[float], global_batch: int, min: Optional[Sequence[int]] = None,
@@ -363,7 +309,7 @@ def assign_by_speed(speeds: Sequence[float], global_batch: int, min: Optional[Se
     s = np.asarray(speeds, dtype=np.float64)
     if s.ndim != 1:
         raise ValueError(f"speeds must be one-dimensional, got shape {s.shape}")
-    lo = [] if min is None else _int_array(min, "min", s.shape[0]).tolist()
-    hi = [] if max is None else _int_array(max, "max", s.shape[0]).tolist()
-    return _lbbsp.assign_by_speed(s.tolist(), _check_int(global_batch, "global_batch", 0), lo, hi)
+    lo = [] if min is None else int_array(min, "min", s.shape[0]).tolist()
+    hi = [] if max is None else int_array(max, "max", s.shape[0]).tolist()
+    return _lbbsp.assign_by_speed(s.tolist(), check_int(global_batch, "global_batch", 0), lo, hi)
 

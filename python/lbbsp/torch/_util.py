@@ -1,13 +1,10 @@
-"""Argument checks shared by the modules of lbbsp.torch."""
+"""Argument checks shared by the modules of lbbsp.torch: lbbsp's own (lbbsp._checks), with its messages."""
 
 from typing import Any
 
-import numpy as np
+from .._checks import check_int
 
 
 def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"LoadBalancer: {name} must be an integer, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"LoadBalancer: {name} must be >= {minimum}, got {value}")
-    return int(value)
+    """lbbsp._checks.check_int with lbbsp.torch's defaults: at least 1, messages starting ``LoadBalancer: ``."""
+    return check_int(value, name, minimum, prefix="LoadBalancer: ")
