@@ -1,0 +1,178 @@
+"""lbbsp.Balancer: the C++ balancers behind a checked Python interface, with saved state and pickling."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from . import _lbbsp
+from ._checks import EMPTY_F64, EMPTY_I64, check_int, check_name, float_array, int_array
+from ._names import BALANCERS, PREDICTORS
+
+#: Starts every save_state(); the 8 bytes after it hold the iteration (little-endian), then the C++ state.
+_STATE_MAGIC = b"lbbsp-balancer-1\n"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Config:
+    """A Balancer's checked constructor arguments (what pickling saves)."""
+
+    name: str
+    workers: int
+    global_batch: int
+    predictor: str
+    seed: int
+    min_batch: int
+    num_exo: int
+    capacity_exo: int
+    mem_cap: tuple
+
+    @classmethod
+    def checked(cls, name: Any, workers: Any, global_batch: Any, predictor: Any, seed: Any, min_batch: Any,
+                num_exo: Any, capacity_exo: Any, mem_cap: Any) -> _Config:
+        """The config, or the first argument's TypeError / ValueError (checked in the order given)."""
+        check_name(name, "balancer", BALANCERS)
+        check_name(predictor, "predictor", PREDICTORS)
+        workers = check_int(workers, "workers", 1)
+        caps = () if mem_cap is None else tuple(int(c) for c in int_array(mem_cap, "mem_cap", workers))
+        return cls(name, workers, check_int(global_batch, "global_batch", 0), predictor,
+                   check_int(seed, "seed", 0), check_int(min_batch, "min_batch", 0),
+                   check_int(num_exo, "num_exo", 0), check_int(capacity_exo, "capacity_exo", -1), caps)
+
+    def to_core(self) -> Any:
+        """The same settings as the C++ core's BalancerConfig."""
+        c = _lbbsp.BalancerConfig()
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            setattr(c, field.name, list(value) if field.name == "mem_cap" else value)
+        return c
+
+
+class Balancer:
+    """Re-sizes each worker's share of a fixed global batch every iteration (rank 0's job in a trainer).
+
+    Args:
+        name: ``bsp``, ``static[:K]``, ``random:SEED``, ``lbbsp-cpu[:PREDICTOR]``, ``lbbsp-gpu[:W]``,
+            ``lbbsp-gpu-model`` or ``oracle`` (see ``lbbsp train --help``).
+        workers: number of workers (ranks).
+        global_batch: samples per iteration over all workers; every batch vector sums to it.
+        predictor: speed predictor of ``lbbsp-cpu`` (``narx``, ``arima``, ``ema``, ``last``, ``oracle``).
+        seed: seeds the predictors and ``random``.
+        min_batch: fewest samples any worker gets.
+        num_exo: length of each worker's ``exo`` row in :meth:`next` (e.g. 2 for CPU and memory available).
+        capacity_exo: index in ``exo`` of a capacity-like availability in (0, 1] (CPU share left by
+            co-tenants), or -1 for none; with it a hopeless straggler may get 0 samples and still be tracked.
+        mem_cap: most samples each worker can hold (GPU memory), known before the first iteration.
+    """
+
+    def __init__(self, name: str, workers: int, global_batch: int, predictor: str = "narx", seed: int = 0,
+                 min_batch: int = 0, num_exo: int = 0, capacity_exo: int = -1,
+                 mem_cap: Optional[Sequence[int]] = None) -> None:
+        self._config = _Config.checked(name, workers, global_batch, predictor, seed, min_batch, num_exo,
+                                       capacity_exo, mem_cap)
+        self._impl = _lbbsp.make_balancer(self._config.to_core())
+        self._iteration = 0
+
+    @property
+    def name(self) -> str:
+        """The balancer's name as given."""
+        return self._config.name
+
+    @property
+    def workers(self) -> int:
+        return self._config.workers
+
+    @property
+    def global_batch(self) -> int:
+        return self._config.global_batch
+
+    @property
+    def iteration(self) -> int:
+        """Reports seen so far (the index the next report gets)."""
+        return self._iteration
+
+    def initial(self) -> np.ndarray:
+        """Batch vector for the first iteration, before any report (int64, sums to ``global_batch``)."""
+        return self._impl.initial()
+
+    def next(self, batch: Sequence[int], compute_s: Sequence[float], exo: Optional[Any] = None,
+             mem_cap: Optional[Sequence[int]] = None, exo_next: Optional[Any] = None,
+             capacity: Optional[Sequence[float]] = None,
+             capacity_next: Optional[Sequence[float]] = None) -> np.ndarray:
+        """Batch vector for the next iteration, given this one's report.
+
+        Args:
+            batch: samples each worker processed this iteration.
+            compute_s: each worker's compute seconds (without waiting), finite and >= 0.
+            exo: ``(workers, num_exo)`` exogenous metrics measured during this iteration (CPU, memory available).
+            mem_cap: most samples each worker can hold from now on.
+            exo_next: ``(workers, k)`` exogenous inputs already known for the coming iteration.
+            capacity, capacity_next: true capacity factors of this and the coming iteration (``oracle`` only).
+
+        Returns:
+            NumPy int64 array, one entry per worker, summing to ``global_batch`` within the bounds.
+        """
+        n, k = self._config.workers, self._config.num_exo
+        b = int_array(batch, "batch", n)
+        t = float_array(compute_s, "compute_s", (n,))
+        if exo is None and k:
+            raise ValueError(f"exo is required: this balancer was made with num_exo={k}")
+        x = EMPTY_F64 if exo is None else float_array(exo, "exo", (n, k), nonnegative=False).ravel()
+        xn = EMPTY_F64 if exo_next is None else float_array(exo_next, "exo_next", (n, None), False).ravel()
+        cap = EMPTY_I64 if mem_cap is None else int_array(mem_cap, "mem_cap", n)
+        c = EMPTY_F64 if capacity is None else float_array(capacity, "capacity", (n,))
+        cn = EMPTY_F64 if capacity_next is None else float_array(capacity_next, "capacity_next", (n,))
+        return self._next_checked(b, t, x, xn, cap, c, cn)
+
+    def _next_checked(self, batch: np.ndarray, compute_s: np.ndarray, exo: np.ndarray, exo_next: np.ndarray,
+                      mem_cap: np.ndarray, capacity: np.ndarray = EMPTY_F64,
+                      capacity_next: np.ndarray = EMPTY_F64) -> np.ndarray:
+        """next() for arguments already checked by the caller (contiguous int64 / float64, exo raveled):
+        lbbsp.torch checks its reports where they are made, and next()'s checks cost ~60 us a step."""
+        out = self._impl.next(self._iteration, batch, compute_s, exo, exo_next, mem_cap, capacity, capacity_next)
+        self._iteration += 1
+        return np.asarray(out, dtype=np.int64)
+
+    def predicted_speeds(self) -> np.ndarray:
+        """Speeds (samples/s) predicted in the last decision, per worker; empty when the balancer has none."""
+        return np.asarray(self._impl.predicted_speeds(), dtype=np.float64)
+
+    def save_state(self) -> bytes:
+        """Opaque state: ``load_state(save_state())`` on a balancer made the same way continues identically."""
+        return _STATE_MAGIC + self._iteration.to_bytes(8, "little") + self._impl.save_state()
+
+    def load_state(self, state: bytes) -> None:
+        """Restores :meth:`save_state`'s bytes; ValueError when they come from another kind of balancer."""
+        iteration, body = _split_state(state)
+        try:
+            self._impl.load_state(body)
+        except (ValueError, RuntimeError, IndexError) as e:
+            raise ValueError(f"state does not fit balancer '{self.name}': {e}") from None
+        self._iteration = iteration
+
+    def __getstate__(self) -> dict:
+        return {"config": dataclasses.asdict(self._config), "state": self.save_state()}
+
+    def __setstate__(self, s: dict) -> None:
+        cfg = dict(s["config"])
+        cfg["mem_cap"] = list(cfg["mem_cap"]) or None
+        self.__init__(**cfg)
+        self.load_state(s["state"])
+
+    def __repr__(self) -> str:
+        c = self._config
+        return (f"lbbsp.Balancer({c.name!r}, workers={c.workers}, global_batch={c.global_batch}, "
+                f"iteration={self._iteration})")
+
+
+def _split_state(state: Any) -> tuple:
+    """(iteration, the C++ balancer's state) from save_state()'s bytes; TypeError / ValueError for other input."""
+    if not isinstance(state, (bytes, bytearray)):
+        raise TypeError(f"state must be bytes from Balancer.save_state(), got {type(state).__name__}")
+    state = bytes(state)
+    head = len(_STATE_MAGIC) + 8
+    if not state.startswith(_STATE_MAGIC) or len(state) < head:
+        raise ValueError("state is not from lbbsp.Balancer.save_state()")
+    return int.from_bytes(state[len(_STATE_MAGIC):head], "little"), state[head:]
