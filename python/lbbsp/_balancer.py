@@ -124,16 +124,32 @@ class Balancer:
         cap = EMPTY_I64 if mem_cap is None else int_array(mem_cap, "mem_cap", n)
         c = EMPTY_F64 if capacity is None else float_array(capacity, "capacity", (n,))
         cn = EMPTY_F64 if capacity_next is None else float_array(capacity_next, "capacity_next", (n,))
-        return self._next_checked(b, t, x, xn, cap, c, cn)
+        return self.next_unchecked(b, t, x, xn, cap, c, cn)
+
+    def next_unchecked(self, batch: np.ndarray, compute_s: np.ndarray, exo: np.ndarray = EMPTY_F64,
+                       exo_next: np.ndarray = EMPTY_F64, mem_cap: np.ndarray = EMPTY_I64,
+                       capacity: np.ndarray = EMPTY_F64, capacity_next: np.ndarray = EMPTY_F64) -> np.ndarray:
+        """:meth:`next` without its argument checks (they cost ~60 us a step), for a caller that checks its
+        reports where it makes them (lbbsp.torch does).
+
+        The arguments must already be what :meth:`next` makes of its own: C-contiguous NumPy arrays, ``batch`` and
+        ``mem_cap`` int64, the others float64; ``batch``, ``compute_s``, ``mem_cap``, ``capacity`` and
+        ``capacity_next`` one entry per worker; ``exo`` the ``(workers, num_exo)`` matrix and ``exo_next`` the
+        ``(workers, k)`` one, raveled row by row; an empty array for each input not given (the defaults). Values
+        are not checked here: give finite ``compute_s`` >= 0 and a ``batch`` of counts >= 0.
+
+        Returns:
+            NumPy int64 array, one entry per worker, summing to ``global_batch`` within the bounds.
+        """
+        out = self._impl.next(self._iteration, batch, compute_s, exo, exo_next, mem_cap, capacity, capacity_next)
+        self._iteration += 1
+        return np.asarray(out, dtype=np.int64)
 
     def _next_checked(self, batch: np.ndarray, compute_s: np.ndarray, exo: np.ndarray, exo_next: np.ndarray,
                       mem_cap: np.ndarray, capacity: np.ndarray = EMPTY_F64,
                       capacity_next: np.ndarray = EMPTY_F64) -> np.ndarray:
-        """next() for arguments already checked by the caller (contiguous int64 / float64, exo raveled):
-        lbbsp.torch checks its reports where they are made, and next()'s checks cost ~60 us a step."""
-        out = self._impl.next(self._iteration, batch, compute_s, exo, exo_next, mem_cap, capacity, capacity_next)
-        self._iteration += 1
-        return np.asarray(out, dtype=np.int64)
+        """The former name of :meth:`next_unchecked`, still called by lbbsp.torch.controller."""
+        return self.next_unchecked(batch, compute_s, exo, exo_next, mem_cap, capacity, capacity_next)
 
     def predicted_speeds(self) -> np.ndarray:
         """Speeds (samples/s) predicted in the last decision, per worker; empty when the balancer has none."""
