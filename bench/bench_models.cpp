@@ -267,7 +267,7 @@ void register_all(int threads) {
     b->MeasureProcessCPUTime();  // cpu_time: all threads together
     if (threads > 1) b->UseRealTime();
   }
-  // A rank's batch changes every iteration: the same step over batches 1..512 (scripts/batch_sweep.py), each
+  // A rank's batch changes every iteration: the same step over batches 1..512 (bench/batch_sweep.py), each
   // after 200 us of polling, as after an allreduce.
   for (const char* kind : {"logreg", "mlp", "cnn"}) {
     auto* b = benchmark::RegisterBenchmark((std::string("train_sweep/") + kind).c_str(), train_step,

@@ -44,7 +44,7 @@ void add_data_command(CLI::App& app) {
                 static_cast<long long>(samples), features, classes);
   });
 
-  // For scripts that analyse traces (scripts/experiment.py --trace-ceiling): one reader, this one.
+  // For scripts that analyse traces (dev/experiment.py --trace-ceiling): one reader, this one.
   auto* exp = data->add_subcommand(
       "export-traces", "Write the capacity series of trace files as CSV: series,family,time_s,capacity");
   static std::string traces, eout = "-";

@@ -33,7 +33,7 @@ if grep -q "^cuda backend: not built" <<<"$INFO"; then
   expect_fail "device cuda: lbbsp was built without CUDA \(configure with -DLBBSP_WITH_CUDA=ON" "$LBBSP" "${T[@]}" --device cuda
 elif grep -q "^cuda backend: built, 0 GPU" <<<"$INFO"; then
   expect_fail "device cuda: no CUDA GPU visible .*or train with --device cpu" "$LBBSP" "${T[@]}" --device cuda
-fi  # a visible GPU: --device cuda trains (tests/gpu, scripts/gpu_check.sh)
+fi  # a visible GPU: --device cuda trains (tests/gpu, dev/gpu_check.sh)
 expect_fail "gpu-params: gpu not in" "$LBBSP" "${T[@]}" --gpu-params gpu
 expect_fail "gpu-allreduce: nccl not in" "$LBBSP" "${T[@]}" --gpu-allreduce nccl
 expect_fail "gpu-allreduce cuda-aware needs the gradient on the GPU: use it with --gpu-params device" \

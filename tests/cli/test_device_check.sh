@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/device_check.sh --dry-run at its smallest (scaling 1 and 2 ranks, 2-rank interference): every step leaves
+# dev/device_check.sh --dry-run at its smallest (scaling 1 and 2 ranks, 2-rank interference): every step leaves
 # its status line and well-formed result files (summary.json per scaling run, telemetry and a predict-eval score
 # per interference run, the tables), "no GPU" and "not present" are statuses, not failures. Then a run whose
 # dataset is missing: the scaling and interference steps fail, the script still reaches the last step and exits 1.
@@ -10,7 +10,7 @@ PY=/usr/bin/python3
 command -v stress-ng >/dev/null || fail "needs stress-ng (scripts/setup.sh installs it)"
 
 out=$SCRATCH/dry
-OUT=$out timeout 500 "$ROOT/scripts/device_check.sh" --dry-run --lbbsp "$LBBSP" --ranks "1 2" >"$SCRATCH/dry.log" 2>&1 ||
+OUT=$out timeout 500 "$ROOT/dev/device_check.sh" --dry-run --lbbsp "$LBBSP" --ranks "1 2" >"$SCRATCH/dry.log" 2>&1 ||
   { cat "$SCRATCH/dry.log"; fail "device_check.sh --dry-run failed"; }
 
 # status.tsv: a header and one line of four tab-separated fields per step, in the script's order.
@@ -22,7 +22,7 @@ kernel_steps="kernels_threads_1 "
 (($(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) >= 2)) && kernel_steps+="kernels_threads_2 "
 # The torch step: lbbsp.torch's CUDA tests, then the benchmark, where the python can import lbbsp.torch.
 has_torch=0
-compgen -G "$ROOT/scripts/torch_bench*" >/dev/null && ${LBBSP_TORCH_PYTHON:-python3} -c "import lbbsp.torch" 2>/dev/null &&
+compgen -G "$ROOT/bench/torch_bench*" >/dev/null && ${LBBSP_TORCH_PYTHON:-python3} -c "import lbbsp.torch" 2>/dev/null &&
   has_torch=1
 torch_steps="torch"
 ((has_torch)) && torch_steps="torch_cuda torch"
@@ -98,12 +98,12 @@ grep -q "^| mlp_bsp | weak | 64 per rank |" "$out/tables.md" || fail "tables.md:
 
 # A step that fails does not stop the others: no dataset, so scaling and interference fail, torch still reports.
 rc=0
-OUT=$SCRATCH/broken DEVICE_CHECK_FMNIST=$SCRATCH/missing.h5 timeout 500 "$ROOT/scripts/device_check.sh" --dry-run \
+OUT=$SCRATCH/broken DEVICE_CHECK_FMNIST=$SCRATCH/missing.h5 timeout 500 "$ROOT/dev/device_check.sh" --dry-run \
   --lbbsp "$LBBSP" --ranks "1" --steps scaling,interference,torch >"$SCRATCH/broken.log" 2>&1 || rc=$?
 [[ $rc == 1 ]] || fail "missing dataset: exit $rc, expected 1 ($(tail -n 5 "$SCRATCH/broken.log"))"
 awk -F'\t' '$1 == "scaling_mlp_bsp" && $2 ~ /^failed/ {f = 1} END {exit !f}' "$SCRATCH/broken/status.tsv" ||
   fail "missing dataset: scaling_mlp_bsp not marked failed: $(cat "$SCRATCH/broken/status.tsv")"
 awk -F'\t' '$1 == "torch" {f = 1} END {exit !f}' "$SCRATCH/broken/status.tsv" ||
   fail "missing dataset: the torch step did not run after the failures"
-expect_fail "unknown step 'gpus'" "$ROOT/scripts/device_check.sh" --dry-run --steps gpus
+expect_fail "unknown step 'gpus'" "$ROOT/dev/device_check.sh" --dry-run --steps gpus
 echo "device_check dry run: ok"

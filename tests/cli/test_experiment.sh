@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/experiment.py --smoke: 3 balancers, static stragglers, a few iterations on synthetic data; checks that
+# dev/experiment.py --smoke: 3 balancers, static stragglers, a few iterations on synthetic data; checks that
 # results.md, results.csv and the PNG plots are written and the numbers are sane.
 source "$(dirname "$0")/common.sh"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -8,7 +8,7 @@ PY=/usr/bin/python3
 $PY -c "import numpy, h5py, matplotlib" 2>/dev/null || { echo "SKIP: needs numpy, h5py, matplotlib for $PY"; exit 0; }
 
 "$LBBSP" data synth --samples 6000 --features 784 --classes 10 --seed 1 --out "$SCRATCH/synth.h5" >/dev/null
-timeout 500 $PY "$ROOT/scripts/experiment.py" --smoke --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
+timeout 500 $PY "$ROOT/dev/experiment.py" --smoke --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
   --out "$SCRATCH/out" >"$SCRATCH/log.txt" 2>&1 || { cat "$SCRATCH/log.txt"; fail "experiment.py --smoke failed"; }
 
 for f in results.md results.csv batch_sizes_static.png iteration_time_static.png speed_static.png \
@@ -42,7 +42,7 @@ s = json.load(open(sys.argv[1]))
 s["test_accuracy"] = 0.1
 json.dump(s, open(sys.argv[1], "w"))
 PY
-timeout 500 $PY "$ROOT/scripts/experiment.py" --smoke --rebuild --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
+timeout 500 $PY "$ROOT/dev/experiment.py" --smoke --rebuild --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
   --out "$SCRATCH/out" >"$SCRATCH/log-rebuild.txt" 2>&1 || { cat "$SCRATCH/log-rebuild.txt"; fail "--rebuild failed"; }
 grep -q "| static | bsp | .* | 0.1000 (collapsed) |" "$SCRATCH/out/results.md" ||
   { cat "$SCRATCH/out/results.md"; fail "the collapsed bsp run is not flagged in results.md"; }
@@ -62,7 +62,7 @@ exec "$LBBSP" "\$@"
 EOF
 chmod +x "$SCRATCH/lbbsp_failing_oracle"
 rc=0
-timeout 500 $PY "$ROOT/scripts/experiment.py" --smoke --balancers bsp,oracle --lbbsp "$SCRATCH/lbbsp_failing_oracle" \
+timeout 500 $PY "$ROOT/dev/experiment.py" --smoke --balancers bsp,oracle --lbbsp "$SCRATCH/lbbsp_failing_oracle" \
   --data "$SCRATCH/synth.h5" --out "$SCRATCH/out-fail" >"$SCRATCH/log-fail.txt" 2>&1 || rc=$?
 [[ $rc -ne 0 ]] || { cat "$SCRATCH/log-fail.txt"; fail "experiment.py exited 0 although the oracle run failed"; }
 grep -q "1 run(s) failed" "$SCRATCH/log-fail.txt" && grep -q "static/oracle r0: lbbsp: rank 0: error: injected" \
@@ -94,7 +94,7 @@ for m in 1 2 3 4; do
 done | gzip >"$CT/alibaba.csv.gz"
 check_ceiling() {  # PATH EXPECTED_MEDIAN
   local out
-  out=$($PY "$ROOT/scripts/experiment.py" --lbbsp "$LBBSP" --trace-ceiling --ceiling-trace "$1" --ceiling-ranks 4 2>&1) ||
+  out=$($PY "$ROOT/dev/experiment.py" --lbbsp "$LBBSP" --trace-ceiling --ceiling-trace "$1" --ceiling-ranks 4 2>&1) ||
     fail "--trace-ceiling on $1 failed: $out"
   grep -q "^| 4 | co-located (align=time) | $2 | $2 |" <<<"$out" || fail "$1: expected median $2, got: $out"
   grep -q "^| 4 | independent (align=random) | $2 | $2 |" <<<"$out" || fail "$1: expected $2 independent: $out"
@@ -102,11 +102,11 @@ check_ceiling() {  # PATH EXPECTED_MEDIAN
 check_ceiling "$CT/planetlab" 2.75x
 check_ceiling "$CT/bitbrains" 1.00x
 check_ceiling "$CT/alibaba.csv.gz" 1.50x
-expect_fail "no trace '/nonexistent/trace'" $PY "$ROOT/scripts/experiment.py" --lbbsp "$LBBSP" --trace-ceiling \
+expect_fail "no trace '/nonexistent/trace'" $PY "$ROOT/dev/experiment.py" --lbbsp "$LBBSP" --trace-ceiling \
   --ceiling-trace /nonexistent/trace
-expect_fail "no lbbsp binary at '/nonexistent/lbbsp'" $PY "$ROOT/scripts/experiment.py" --lbbsp /nonexistent/lbbsp \
+expect_fail "no lbbsp binary at '/nonexistent/lbbsp'" $PY "$ROOT/dev/experiment.py" --lbbsp /nonexistent/lbbsp \
   --trace-ceiling --ceiling-trace "$CT/planetlab"
 printf "10\nnot a number\n" >"$CT/planetlab/day/broken"
 expect_fail "cannot read utilisation trace .*planetlab/day/broken:2: bad CPU % value 'not a number'" \
-  $PY "$ROOT/scripts/experiment.py" --lbbsp "$LBBSP" --trace-ceiling --ceiling-trace "$CT/planetlab"
+  $PY "$ROOT/dev/experiment.py" --lbbsp "$LBBSP" --trace-ceiling --ceiling-trace "$CT/planetlab"
 echo "ok: --trace-ceiling on PlanetLab, Bitbrains and Alibaba formats"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/experiments/telemetry_eval.py end to end on a tiny recording: a trace of this test's own (capacity steps
+# dev/experiments/telemetry_eval.py end to end on a tiny recording: a trace of this test's own (capacity steps
 # every 0.5 s of replay), replayed by iteration (--tick) under the heavy and sleep4k settings, 4 ranks, 60
 # iterations; the predictors are scored on the run's telemetry (table b) and telemetry_limits.py reads the same
 # folder. Then --eval-only re-scores the recorded runs to the same table. Last, telemetry_limits.py on synthetic
@@ -19,7 +19,7 @@ with open(sys.argv[1], "w") as f:
     for i in range(400):
         f.write(f"{i * 0.5},{(0.3, 1.0, 0.6, 0.8)[(i * 7 + i // 3) % 4]}\n")
 PY
-timeout 500 $PY "$ROOT/scripts/experiments/telemetry_eval.py" --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
+timeout 500 $PY "$ROOT/dev/experiments/telemetry_eval.py" --lbbsp "$LBBSP" --data "$SCRATCH/synth.h5" \
   --traces "$SCRATCH/traces/steps_test" --seeds 1 --settings heavy,sleep4k --tick 0.1 --iterations 60 \
   --out "$SCRATCH/te" >"$SCRATCH/log.txt" 2>&1 || { cat "$SCRATCH/log.txt"; fail "telemetry_eval.py failed"; }
 [[ -s $SCRATCH/te/runs/heavy-tick-steps-s1/telemetry.h5 ]] || fail "no telemetry recorded under runs/heavy-tick-steps-s1"
@@ -43,11 +43,11 @@ print("ok: table (b) row", cells)
 PY
 
 cp "$SCRATCH/te/table_b.md" "$SCRATCH/table_first.md"
-$PY "$ROOT/scripts/experiments/telemetry_eval.py" --lbbsp "$LBBSP" --eval-only "$SCRATCH/te" >/dev/null 2>&1 ||
+$PY "$ROOT/dev/experiments/telemetry_eval.py" --lbbsp "$LBBSP" --eval-only "$SCRATCH/te" >/dev/null 2>&1 ||
   fail "--eval-only failed"
 cmp -s "$SCRATCH/te/table_b.md" "$SCRATCH/table_first.md" || fail "--eval-only scored the run differently"
 
-$PY "$ROOT/scripts/experiments/telemetry_limits.py" "$SCRATCH/te" >"$SCRATCH/limits.md" 2>/dev/null ||
+$PY "$ROOT/dev/experiments/telemetry_limits.py" "$SCRATCH/te" >"$SCRATCH/limits.md" 2>/dev/null ||
   fail "telemetry_limits.py failed"
 grep -q "^| heavy-tick | 4 |" "$SCRATCH/limits.md" || { cat "$SCRATCH/limits.md"; fail "no heavy-tick row of 4 series"; }
 echo "ok: telemetry_eval.py --tick, --eval-only and telemetry_limits.py agree on the recorded run"
@@ -71,7 +71,7 @@ with h5py.File(sys.argv[1], "w") as f:
                      cpu_avail=cpu, mem_avail=np.full(2 * n, 0.5), load=np.full(2 * n, 0.5)).items():
         g[k] = v
 PY
-$PY "$ROOT/scripts/experiments/telemetry_limits.py" --per-rank "$SCRATCH/syn" >"$SCRATCH/syn.md" ||
+$PY "$ROOT/dev/experiments/telemetry_limits.py" --per-rank "$SCRATCH/syn" >"$SCRATCH/syn.md" ||
   fail "telemetry_limits.py failed on synthetic telemetry"
 $PY - "$SCRATCH/syn.md" <<'PY'
 import sys

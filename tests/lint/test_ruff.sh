@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ruff over the Python in python/ scripts/ tests/ examples/ bench/, with the rules of pyproject.toml's [tool.ruff].
+# ruff over the Python in python/ scripts/ dev/ tests/ examples/ bench/ runtime/, rules from pyproject.toml [tool.ruff].
 # ruff is not a Debian package: it is installed from PyPI, pinned, into a virtual environment of its own outside the
 # tree (LBBSP_RUFF_VENV, default ~/.cache/lbbsp/venv-ruff), built when missing or of another version and reused.
 #   test_ruff.sh [LBBSP (unused)] [SCRATCH (unused)]   LBBSP_RUFF_SPEC=ruff==X.Y.Z overrides the pin
@@ -17,9 +17,9 @@ if [[ $("$RUFF" --version 2>/dev/null) != "ruff ${SPEC#ruff==}" ]]; then
   "$PY" -m venv "$VENV" || { echo "FAIL: $PY -m venv failed: install python3-venv (scripts/setup.sh does)"; exit 1; }
   "$VENV/bin/pip" install -q "$SPEC" || { rm -rf "$VENV"; echo "FAIL: pip install $SPEC from PyPI failed (network?)"; exit 1; }
 fi
-if ! findings=$("$RUFF" check --no-cache --output-format concise python scripts tests examples bench 2>&1); then
+if ! findings=$("$RUFF" check --no-cache --output-format concise python scripts dev tests examples bench runtime 2>&1); then
   echo "FAIL: ruff ($("$RUFF" --version)) findings; \`$RUFF check --fix\` fixes those marked [*]:"
   echo "$findings"
   exit 1
 fi
-echo "ok: $("$RUFF" --version), no findings in $(git ls-files 'python/*.py' 'scripts/*.py' 'tests/*.py' 'examples/*.py' 'bench/*.py' | wc -l) files"
+echo "ok: $("$RUFF" --version), no findings in $(git ls-files 'python/*.py' 'scripts/*.py' 'dev/*.py' 'tests/*.py' 'examples/*.py' 'bench/*.py' 'runtime/*.py' | wc -l) files"

@@ -5,7 +5,7 @@ the model's device, the user's peak-memory statistics left alone), run two ways 
   every call kept) and the controller told that its model lives on cuda:1 while cuda:0 is current, so every line
   of the CUDA path runs here and every device it is handed is checked;
 - "cuda", on a real GPU: gloo ranks sharing the device(s), each rank's per-sample work a GPU kernel queued
-  asynchronously, and NCCL with a rank per device; skipped where torch sees no GPU (scripts/device_check.sh
+  asynchronously, and NCCL with a rank per device; skipped where torch sees no GPU (dev/device_check.sh
   runs them on a GPU machine).
 The memory cap is checked with FakeCuda only: a real device has far more memory than a test can make scarce."""
 
@@ -30,11 +30,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from lbbsp.torch import LoadBalancer
 from lbbsp.torch.controller import cuda_cap
 
-# LBBSP_REQUIRE_CUDA=1 (scripts/device_check.sh on a GPU machine): the "cuda" runs fail rather than skip there.
+# LBBSP_REQUIRE_CUDA=1 (dev/device_check.sh on a GPU machine): the "cuda" runs fail rather than skip there.
 RUN_CUDA = torch.cuda.is_available() or os.environ.get("LBBSP_REQUIRE_CUDA") == "1"
 MODES = [pytest.param("fake", id="fake"),
          pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(
-             not RUN_CUDA, reason="no CUDA device: scripts/device_check.sh runs these on a GPU machine"))]
+             not RUN_CUDA, reason="no CUDA device: dev/device_check.sh runs these on a GPU machine"))]
 
 
 class _HostEvent:
@@ -277,7 +277,7 @@ def test_cuda_path_is_exact_and_keeps_the_users_statistics(tmp_path, mode):
         assert g["cap"] >= sizes.max(), (r, g["cap"])  # memory to spare: no cap below what ran
 
 
-@pytest.mark.skipif(not RUN_CUDA, reason="no CUDA device: scripts/device_check.sh runs these on a GPU machine")
+@pytest.mark.skipif(not RUN_CUDA, reason="no CUDA device: dev/device_check.sh runs these on a GPU machine")
 def test_nccl_is_exact(tmp_path):
     """NCCL for the gradients (the reports in gloo groups beside it), a rank per device, up to 3: equal to one
     process (on one GPU a single rank, which checks the path and the exactness, not the balancing)."""

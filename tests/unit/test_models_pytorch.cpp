@@ -1,5 +1,5 @@
 // Our models against PyTorch (float64) on tiny cases: tests/fixtures/models_pytorch_reference.json, written
-// by scripts/peers/pytorch_reference.py from the same closed-form parameters and inputs as below. This pins
+// by dev/peers/pytorch_reference.py from the same closed-form parameters and inputs as below. This pins
 // the architecture itself (cross-correlation, padding, pooling, flatten order), which reference-vs-fast
 // kernel tests and finite differences cannot.
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 namespace lbbsp::models {
 namespace {
 
-// The same formulas are in scripts/peers/pytorch_reference.py.
+// The same formulas are in dev/peers/pytorch_reference.py.
 double param_value(size_t i) {
   return 0.2 * std::sin(0.7 * double(i) + 0.1);
 }

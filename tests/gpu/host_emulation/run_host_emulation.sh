@@ -3,7 +3,7 @@
 # models/cuda/ with the CUDA runtime and cuBLAS emulated on the host (include/: memory is host memory, kernels run
 # thread by thread on the CPU, cublasSgemm is OpenBLAS's column-major sgemm) and runs it. It checks indexing,
 # layouts, the row-major/column-major GEMM mapping, buffer sizes and the CudaModel orchestration against the CPU
-# models; it cannot check real GPU behaviour (races, launch limits, performance), which needs scripts/gpu_check.sh.
+# models; it cannot check real GPU behaviour (races, launch limits, performance), which needs dev/gpu_check.sh.
 #   tests/gpu/host_emulation/run_host_emulation.sh CPU_ONLY_BUILD_DIR [WORK_DIR] [-- gtest args]
 # CPU_ONLY_BUILD_DIR: a build configured with -DLBBSP_WITH_CUDA=OFF where lbbsp_models is built.
 set -euo pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""Where does a balancer's iteration time go? Reads the telemetry.h5 of runs written by scripts/experiment.py.
+"""Where does a balancer's iteration time go? Reads the telemetry.h5 of runs written by dev/experiment.py.
 
-usage: scripts/experiments/diagnose.py RUN_DIR [RUN_DIR...]   (e.g. results/experiment-*/runs/trace/*-r0)
+usage: dev/experiments/diagnose.py RUN_DIR [RUN_DIR...]   (e.g. results/experiment-*/runs/trace/*-r0)
 Per run (iterations >= --skip): mean iteration time (rank 0: compute + wait + allreduce + balancer), its parts
 (slowest rank's compute, allreduce, coordination), the compute imbalance (slowest / mean rank compute), the
 prediction error of the speed predictor (mean |predicted - actual| / actual over ranks and iterations, and the

@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
 # Everything we measure on a 16-core GPU machine (one H200, no network, none of our packages), in one go and
 # under 9 minutes, into the folder $OUT names (docs/device_check.md: how to carry it there and read the results):
-#   1. gpu        the GPU tests and the time-vs-batch table: scripts/gpu_check.sh --bundle (status "no GPU" when
+#   1. gpu        the GPU tests and the time-vs-batch table: dev/gpu_check.sh --bundle (status "no GPU" when
 #                 nvidia-smi sees none)
 #   2. scaling    strong and weak scaling of `lbbsp train`, MLP and CNN, 1 2 4 8 16 ranks, one core per rank
 #                 (mpirun --bind-to core --map-by core), BSP and lbbsp-cpu: bench/scaling/run_scaling.sh
 #   3. interference  ranks pinned to their own cores, 100% stress-ng co-tenants pinned on some of them, on/off every
 #                 PERIOD s: BSP vs lbbsp-cpu/narx vs oracle (+ BSP without co-tenants), each run's telemetry
 #                 (--log-dir) scored by `lbbsp predict-eval` (NARX vs ARIMA, EMA, last)
-#   4. torch      lbbsp.torch's CUDA tests (tests/python/test_torch_cuda.py, on the GPU) and scripts/torch_bench.sh
+#   4. torch      lbbsp.torch's CUDA tests (tests/python/test_torch_cuda.py, on the GPU) and bench/torch_bench.sh
 #                 (status "not present" where python3 cannot import lbbsp.torch: the bundle carries a wheel)
 #   5. kernels    test_models_kernels and bench_models' train steps (MLP, CNN) at 1 2 4 8 16 threads, one core each:
 #                 the AVX-512 build (bundle bin/x86-64-v4/) when the CPU has AVX-512, else the bundle's portable one
 #   6. telemetry  bench/telemetry_overhead.sh: 4 ranks x 120,000 iterations with and without --log-dir/--timeline
 # Every step runs under `timeout` within one overall budget and the script goes on past a failed step; each step's
 # status is a line of $OUT/status.tsv (step, status, seconds, note), the log is $OUT/summary.txt. With a python3
-# (h5py/matplotlib optional) it also writes $OUT/tables.md (scripts/device_tables.py; rerun it here otherwise).
+# (h5py/matplotlib optional) it also writes $OUT/tables.md (dev/device_tables.py; rerun it here otherwise).
 #
-#   scripts/device_check.sh --bundle DIR[.tar.xz]   on the GPU machine (bundle from scripts/gpu_bundle.sh)
-#   scripts/device_check.sh --dry-run               every step at toy size here (2 cores, oversubscribed)
+#   dev/device_check.sh --bundle DIR[.tar.xz]   on the GPU machine (bundle from dev/gpu_bundle.sh)
+#   dev/device_check.sh --dry-run               every step at toy size here (2 cores, oversubscribed)
 # Options: --lbbsp PATH (without --bundle; default build/lbbsp), --ranks "1 2 4 8 16" (scaling), --budget S (overall
 # seconds, default 540; dry run 300), --steps gpu,scaling,interference,torch,kernels,telemetry (a subset, same
 # order; torch_cuda: the torch step without its CPU benchmark).
@@ -35,7 +35,7 @@ die() { echo "device_check: error: $*" >&2; exit 2; }
 bundle="" dry=0 lbbsp=$root/build/lbbsp ranks="" budget="" steps=gpu,scaling,interference,torch,kernels,telemetry
 while (($#)); do
   case $1 in
-    --bundle) bundle=${2:?--bundle needs the folder or .tar.xz made by scripts/gpu_bundle.sh}; shift ;;
+    --bundle) bundle=${2:?--bundle needs the folder or .tar.xz made by dev/gpu_bundle.sh}; shift ;;
     --dry-run) dry=1 ;;
     --lbbsp) lbbsp=${2:?--lbbsp needs a path}; shift ;;
     --ranks) ranks=${2:?--ranks needs a list like \"1 2 4\"}; shift ;;
@@ -99,7 +99,7 @@ if [[ -n $bundle ]]; then
     mkdir -p /tmp/lbbsp-bundle && tar -C /tmp/lbbsp-bundle -xJf "$bundle" || die "cannot unpack $bundle"
     bundle=/tmp/lbbsp-bundle/$(basename "$bundle" .tar.xz)
   fi
-  [[ -x $bundle/bin/lbbsp ]] || die "$bundle/bin/lbbsp missing: make the bundle with scripts/gpu_bundle.sh"
+  [[ -x $bundle/bin/lbbsp ]] || die "$bundle/bin/lbbsp missing: make the bundle with dev/gpu_bundle.sh"
   bundle=$(realpath "$bundle")
   cp -a --update=none "$bundle/root/." / 2>/dev/null || cp -an "$bundle/root/." /
   ldconfig 2>/dev/null
@@ -117,7 +117,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # GNU nproc honours OMP_NUM_THREADS
 python=""
 for p in python3 /usr/bin/python3; do command -v "$p" >/dev/null && python=$p && break; done
-# The bundle's lbbsp wheel (scripts/gpu_bundle.sh) for the torch step, installed beside the image's PyTorch.
+# The bundle's lbbsp wheel (dev/gpu_bundle.sh) for the torch step, installed beside the image's PyTorch.
 if [[ -n $bundle && -n $python ]] && ls "$bundle"/wheels/lbbsp-*.whl >/dev/null 2>&1; then
   if "$python" -m pip install -q --no-index --no-deps --target /tmp/lbbsp-site "$bundle"/wheels/lbbsp-*.whl \
     >"$out/wheel.log" 2>&1; then
@@ -161,7 +161,7 @@ if wanted gpu; then
   else
     gpu_args=()
     [[ -n $bundle ]] && gpu_args=(--bundle "$bundle")
-    OUT=$out/gpu run_step gpu 200 scripts/gpu_check.sh "${gpu_args[@]}"
+    OUT=$out/gpu run_step gpu 200 dev/gpu_check.sh "${gpu_args[@]}"
   fi
 fi
 
@@ -223,7 +223,7 @@ if wanted interference; then
   if [[ -z $data ]]; then
     status interference "skipped" 0 "no dataset (data_synth failed)"
   elif ! command -v stress-ng >/dev/null; then
-    status interference "failed" 0 "no stress-ng on PATH (the bundle carries it: scripts/gpu_bundle.sh with stress-ng installed)"
+    status interference "failed" 0 "no stress-ng on PATH (the bundle carries it: dev/gpu_bundle.sh with stress-ng installed)"
     failed=1
   else
     tenants=""
@@ -246,10 +246,10 @@ fi
 
 # ---- 4. the PyTorch integration's benchmark, once it has landed ----
 if wanted torch || wanted torch_cuda; then
-  torch_bench=$(ls scripts/torch_bench* 2>/dev/null | head -n 1)
+  torch_bench=$(ls bench/torch_bench* 2>/dev/null | head -n 1)
   torch_py=${LBBSP_TORCH_PYTHON:-python3}
   if [[ -z $torch_bench ]]; then
-    status torch "not present" 0 "no scripts/torch_bench* in this checkout"
+    status torch "not present" 0 "no bench/torch_bench* in this checkout"
   elif ! "$torch_py" -c "import lbbsp.torch" 2>/dev/null; then
     status torch "not present" 0 "$torch_py cannot import lbbsp.torch (pip install . into a venv with torch; LBBSP_TORCH_PYTHON=PY)"
   else
@@ -344,10 +344,10 @@ if wanted telemetry; then
   fi
 fi
 
-# ---- tables (when this machine has a python3; otherwise scripts/device_tables.py OUT later) ----
+# ---- tables (when this machine has a python3; otherwise dev/device_tables.py OUT later) ----
 if [[ -n $python ]]; then
-  "$python" scripts/device_tables.py "$out" >"$out/tables.md" 2>"$out/tables.err" ||
-    log "tables: scripts/device_tables.py failed ($(tail -n 1 "$out/tables.err")); rerun it where the files land"
+  "$python" dev/device_tables.py "$out" >"$out/tables.md" 2>"$out/tables.err" ||
+    log "tables: dev/device_tables.py failed ($(tail -n 1 "$out/tables.err")); rerun it where the files land"
 fi
 log "RESULT: $( ((failed)) && echo "some steps FAILED" || echo "no step failed") in $((SECONDS - t_start)) s" \
   "(status.tsv, results in $out)"

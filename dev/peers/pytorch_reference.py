@@ -6,7 +6,7 @@ closed formulas, so test_models_pytorch can recompute the same case with our ker
 Our layout differs from PyTorch's in two places, converted here: conv weights are [out, kh, kw, in] (PyTorch
 [out, in, kh, kw]) and the CNN's fc input is flattened as (h, w, c) (PyTorch (c, h, w)).
 
-usage: scripts/peers/pytorch_reference.py [OUTPUT]   (run with a python3 that has torch, e.g. /usr/bin/python3)
+usage: dev/peers/pytorch_reference.py [OUTPUT]   (run with a python3 that has torch, e.g. /usr/bin/python3)
 """
 import json
 import math
@@ -102,7 +102,7 @@ def run(case):
 
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/models_pytorch_reference.json"
-    result = {"generator": "scripts/peers/pytorch_reference.py", "torch": torch.__version__,
+    result = {"generator": "dev/peers/pytorch_reference.py", "torch": torch.__version__,
               "cases": [run(case) for case in CASES]}
     with open(out, "w") as f:
         json.dump(result, f, indent=None, separators=(",", ":"))

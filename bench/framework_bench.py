@@ -6,8 +6,8 @@ with the modelled cost of the other benchmarks (a rank at capacity c takes max(f
 forward, docs/results/torch.md). Prints, per run, the mean step time and the time to the target test accuracy
 (rank 0's training time, its evaluations every 25 steps left out), and the table of lbbsp against plain DDP.
 
-    scripts/framework_bench.py --python PY --data data/fmnist.h5 [--steps 300] [--out results/framework-bench]
-    scripts/framework_bench.py ... --only lightning:plain    # one run (lightning|accelerate : plain|lbbsp)
+    bench/framework_bench.py --python PY --data data/fmnist.h5 [--steps 300] [--out results/framework-bench]
+    bench/framework_bench.py ... --only lightning:plain    # one run (lightning|accelerate : plain|lbbsp)
 --dry-run: 2 ranks, 12 steps on synthetic data (checks that everything runs, measures nothing).
 """
 import argparse

@@ -16,12 +16,12 @@ Scenarios (trainer runs under mpirun, 4 ranks, MLP on Fashion-MNIST):
   gpu-sim  the same kind of profile through `lbbsp simulate --profile gpu` (many workers, trace-driven)
 For each scenario and balancer: mean iteration time, wait fraction, efficiency vs the oracle (oracle mean iteration
 time / this one's), speed-up vs BSP, time to the target test accuracy; plots of per-rank batch sizes, iteration time,
-predicted vs actual speed and accuracy over time. A PyTorch DDP peer (scripts/peers/pytorch_ddp.py: same MLP, data
+predicted vs actual speed and accuracy over time. A PyTorch DDP peer (dev/peers/pytorch_ddp.py: same MLP, data
 order, global batch and static straggler emulation, equal split) adds a "pytorch-ddp" row to the static scenario.
 
-usage: scripts/experiment.py [--quick | --smoke | --full] [--lbbsp PATH] [--data PATH] [--out DIR] [--repeats N]
-       scripts/experiment.py --scenarios trace --balancers bsp,lbbsp-cpu/narx,oracle --repeats 3
-       scripts/experiment.py --rebuild --out DIR     (tables and plots again from DIR/runs, no training)
+usage: dev/experiment.py [--quick | --smoke | --full] [--lbbsp PATH] [--data PATH] [--out DIR] [--repeats N]
+       dev/experiment.py --scenarios trace --balancers bsp,lbbsp-cpu/narx,oracle --repeats 3
+       dev/experiment.py --rebuild --out DIR     (tables and plots again from DIR/runs, no training)
 Run with /usr/bin/python3 (numpy, h5py, matplotlib; torch for the DDP peer).
 """
 import argparse
@@ -214,7 +214,7 @@ def run_peer(a, cfg, scenario, straggle, rep, iterations, target):
     run_dir = os.path.join(a.out, "runs", scenario, f"pytorch-ddp-r{rep}")
     os.makedirs(run_dir, exist_ok=True)
     factors = straggle.split(";")[0].split(":", 1)[1]
-    cmd = [a.torch_python, os.path.join(ROOT, "scripts", "peers", "pytorch_ddp.py"), "--data", a.data,
+    cmd = [a.torch_python, os.path.join(ROOT, "dev", "peers", "pytorch_ddp.py"), "--data", a.data,
            "--ranks", str(cfg["ranks"]), "--global-batch", str(cfg["global_batch"]),
            "--lr", str(mlp_lr(cfg, cfg["global_batch"])),
            "--momentum", "0.9", "--max-iterations", str(iterations), "--seed", "1", "--straggle", factors,
@@ -432,7 +432,7 @@ def write_tables(a, cfg, rows, scen_specs, commands):
               "split follows the same SGD trajectory only up to float summation order, which momentum can amplify "
               "into a different outcome, so one balancer's run may collapse where another's does not. Its time "
               "columns stay valid, its accuracy columns do not; rerun with a lower --lr.",
-              "pytorch-ddp: scripts/peers/pytorch_ddp.py, equal split (DDP cannot rebalance), same sleep-by-capacity "
+              "pytorch-ddp: dev/peers/pytorch_ddp.py, equal split (DDP cannot rebalance), same sleep-by-capacity "
               "emulation; its efficiency/speed-up columns compare against lbbsp's oracle/BSP rows.", "",
               "## Commands", "", "```"] + commands + ["```", "", "Plots: " + ", ".join(
                   sorted(f for f in os.listdir(a.out) if f.endswith(".png")))]

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Markdown tables (and optionally plots) from the folder scripts/device_check.sh wrote, for docs/results.
+"""Markdown tables (and optionally plots) from the folder dev/device_check.sh wrote, for docs/results.
 
-  scripts/device_tables.py OUT [--plots]     tables on stdout; --plots writes OUT/plots/*.png (matplotlib)
+  dev/device_tables.py OUT [--plots]     tables on stdout; --plots writes OUT/plots/*.png (matplotlib)
 
 Sections: machine and step status (machine.txt, status.tsv); GPU tests and seconds per forward_backward vs batch
 (gpu/summary.txt, gpu/bench_gpu.csv); scaling efficiency per model, balancer and sweep (scaling/*/{strong,weak},
 through bench/scaling/plot_scaling.py); interference (interference/runs/*/summary.json: speed-up vs BSP under the same
 co-tenants, efficiency vs the oracle); predictors on the recorded telemetry (interference/runs/*/predict_eval.csv,
-RMSE pooled over ranks and runs as in scripts/experiments/telemetry_eval.py). Only the standard library is needed
+RMSE pooled over ranks and runs as in dev/experiments/telemetry_eval.py). Only the standard library is needed
 for the tables. A missing section says why and the others still print; exit status 1 when OUT has no status.tsv.
 """
 import argparse
@@ -165,7 +165,7 @@ def predictor_section(out):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", help="the folder scripts/device_check.sh wrote ($OUT, fetched)")
+    ap.add_argument("out", help="the folder dev/device_check.sh wrote ($OUT, fetched)")
     ap.add_argument("--plots", action="store_true", help="also OUT/plots/*.png (needs matplotlib)")
     a = ap.parse_args()
     if not os.path.exists(os.path.join(a.out, "status.tsv")):

@@ -12,19 +12,19 @@
 #      the CNN at global batch 4096 (every rank on the linear part of its time-vs-batch curve).
 # Results (logs, CSV, telemetry, summary.txt) go to $OUT if set, else results/gpu_check. About 4-6 minutes;
 # every step runs under `timeout`. Exit status 0 only when every step passed.
-#   scripts/gpu_check.sh                  environment: BUILD_DIR (build-gpu), LBBSP_CUDA_ARCHITECTURES (nvidia-smi)
-#   scripts/gpu_check.sh --bundle DIR[.tar.xz]   a machine without our packages and network (e.g. a bare CUDA image):
-#       skips steps 1-2 and uses the programs and libraries packed by scripts/gpu_bundle.sh (see there)
+#   dev/gpu_check.sh                  environment: BUILD_DIR (build-gpu), LBBSP_CUDA_ARCHITECTURES (nvidia-smi)
+#   dev/gpu_check.sh --bundle DIR[.tar.xz]   a machine without our packages and network (e.g. a bare CUDA image):
+#       skips steps 1-2 and uses the programs and libraries packed by dev/gpu_bundle.sh (see there)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=
 if [[ ${1:-} == --bundle ]]; then
-  bundle=${2:?--bundle needs the folder or .tar.xz made by scripts/gpu_bundle.sh}
+  bundle=${2:?--bundle needs the folder or .tar.xz made by dev/gpu_bundle.sh}
   if [[ -f $bundle && $bundle == *.tar.xz ]]; then
     mkdir -p /tmp/lbbsp-bundle && tar -C /tmp/lbbsp-bundle -xJf "$bundle" || exit 1
     bundle=/tmp/lbbsp-bundle/$(basename "$bundle" .tar.xz)
   fi
-  [[ -x $bundle/bin/lbbsp ]] || { echo "gpu_check: $bundle/bin/lbbsp missing: make it with scripts/gpu_bundle.sh" >&2; exit 1; }
+  [[ -x $bundle/bin/lbbsp ]] || { echo "gpu_check: $bundle/bin/lbbsp missing: make it with dev/gpu_bundle.sh" >&2; exit 1; }
   bundle=$(realpath "$bundle")
 elif (($#)); then
   echo "gpu_check: unknown argument '$1' (usage: gpu_check.sh [--bundle DIR])" >&2

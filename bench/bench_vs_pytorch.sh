@@ -4,7 +4,7 @@
 # Prints the peak-FLOP/s assumption and a markdown table per thread count: samples/s of ours and of each peer,
 # the ratios, our GFLOP/s and its fraction of the peak; with several thread counts, our wall-time scaling.
 #
-# usage: scripts/bench_vs_pytorch.sh [--threads N[,M...]] [--build-dir DIR] [--min-time SECONDS] [--rounds R]
+# usage: bench/bench_vs_pytorch.sh [--threads N[,M...]] [--build-dir DIR] [--min-time SECONDS] [--rounds R]
 #            [--peers pypi,debian] [--create-venv] [--ghz GHZ] [--out FILE]
 #   --threads 1,2    thread counts to measure (default 1)
 #   --rounds R       the programs alternate R times (default 2) and each keeps its best round, so a burst of load
@@ -20,7 +20,7 @@
 set -euo pipefail
 
 threads_list=1 build_dir=build min_time=1 rounds=2 peers=pypi,debian create_venv=0 ghz="" out_file=""
-command_line="scripts/bench_vs_pytorch.sh $*"
+command_line="bench/bench_vs_pytorch.sh $*"
 while (($#)); do
   case $1 in
     --threads) threads_list=$2; shift 2 ;;
@@ -74,7 +74,7 @@ for ((r = 0; r < rounds; ++r)); do
     OMP_NUM_THREADS=$t "$bench" --threads="$t" --benchmark_filter='^(train_step/|peak/)' --benchmark_min_time="$min_time" \
       --benchmark_format=json >"$out/ours.$t.$r.json"
     for p in "${peer_names[@]}"; do
-      OMP_NUM_THREADS=$t "${peer_python[$p]}" scripts/peers/pytorch_step.py --threads "$t" \
+      OMP_NUM_THREADS=$t "${peer_python[$p]}" dev/peers/pytorch_step.py --threads "$t" \
         --min-seconds "$min_time" >"$out/$p.$t.$r.jsonl"
     done
   done

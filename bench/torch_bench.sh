@@ -4,7 +4,7 @@
 # DDP + lbbsp (lbbsp.torch) vs `lbbsp train` with the same settings, mean iteration time, time to the target test
 # accuracy, efficiency against the modelled ideal (every rank busy: SLOPE x X / sum of capacities) and the
 # controller's own cost.
-#   scripts/torch_bench.sh [--python PY] [--lbbsp build/lbbsp] [--data data/fmnist.h5] [--iterations 300]
+#   bench/torch_bench.sh [--python PY] [--lbbsp build/lbbsp] [--data data/fmnist.h5] [--iterations 300]
 #                          [--out results/torch-bench] [--pairs 1] [--dry-run]
 # --pairs N: N runs each of DDP + lbbsp and its oracle per placement, alternated (the first N-1 extra after the
 #   main table's), and a table of lbbsp's ratio to its oracle pair by pair with the median: on a noisy machine one

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Packs a CUDA build of lbbsp made on this Debian machine into one folder for a GPU machine that cannot build it:
 # no network to install our Debian packages there (Open MPI, HDF5, hwloc, OpenBLAS), only a CUDA image.
-#   scripts/gpu_bundle.sh BUILD_DIR BUNDLE_DIR [V4_BUILD_DIR]
+#   dev/gpu_bundle.sh BUILD_DIR BUNDLE_DIR [V4_BUILD_DIR]
 # BUNDLE_DIR/bin holds lbbsp, test_gpu_models, bench_gpu, bench_models and test_models_kernels (and stress-ng, for the co-tenants of
-# scripts/device_check.sh, when it is installed here); BUNDLE_DIR/wheels the Python package for python3.12;
+# dev/device_check.sh, when it is installed here); BUNDLE_DIR/wheels the Python package for python3.12;
 # BUNDLE_DIR/root mirrors, at their absolute paths, every
 # shared library they need (and Open MPI's launcher, plugins and help files), except glibc, libstdc++/libgcc and the
 # CUDA libraries, which the GPU machine's own image provides (same CUDA major version: check `nvcc --version` on both).
-# BUNDLE_DIR.tar.xz packs the folder. On the GPU machine, `scripts/gpu_check.sh --bundle BUNDLE_DIR[.tar.xz]` copies root/ onto / without overwriting anything
+# BUNDLE_DIR.tar.xz packs the folder. On the GPU machine, `dev/gpu_check.sh --bundle BUNDLE_DIR[.tar.xz]` copies root/ onto / without overwriting anything
 # (a library already there with the same soname is ABI-compatible and wins), runs ldconfig and uses bin/.
 # Build with -DLBBSP_PORTABLE=ON so that no -march=native code from this CPU reaches the other one.
 # V4_BUILD_DIR (optional): a build configured with -DLBBSP_PORTABLE=ON -DCMAKE_CXX_FLAGS=-march=x86-64-v4 (the AVX-512

@@ -25,10 +25,10 @@ Settings (each run over every trace in --traces x every seed in --seeds, stress 
           PERIOD s, global batch 4096 (the experiment driver's stress scenario): only ranks 2 and 3 slow down, and
           their cpu_avail (measured on the CPU they are pinned to) shows it; only with --stress
 
-usage: scripts/experiments/telemetry_eval.py [--lbbsp build/lbbsp] [--out DIR] [--iterations 400]
+usage: dev/experiments/telemetry_eval.py [--lbbsp build/lbbsp] [--out DIR] [--iterations 400]
            [--traces A,B,C] [--seeds 1,2] [--scale 0.5] [--settings heavy,linear,sleep] [--tick S] [--stress]
            [--per-run]
-       scripts/experiments/telemetry_eval.py --eval-only DIR   (re-score runs already recorded in DIR/runs)
+       dev/experiments/telemetry_eval.py --eval-only DIR   (re-score runs already recorded in DIR/runs)
 Needs mpirun (Open MPI), and stress-ng for --stress. About 30 s per run on a 2-core machine.
 """
 import argparse

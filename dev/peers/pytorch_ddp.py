@@ -9,7 +9,7 @@ gradients enter the allreduce (a DDP communication hook sleeps, then runs the de
 
 Ranks are torch.multiprocessing processes on localhost with the gloo backend, one thread each.
 
-usage: scripts/peers/pytorch_ddp.py --data data/fmnist.h5 --ranks 4 --global-batch 512 --lr 0.1 \
+usage: dev/peers/pytorch_ddp.py --data data/fmnist.h5 --ranks 4 --global-batch 512 --lr 0.1 \
            --max-iterations 1200 --straggle 1,1,0.5,0.25 --eval-every 100 --test-subset 5000 \
            --target-accuracy 0.87 --summary-json out.json
 Writes a summary JSON with the fields of lbbsp's that apply (mean_iteration_s, train_time_s, time_to_target_s,

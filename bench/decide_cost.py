@@ -2,7 +2,7 @@
 """Benchmark (not a test): what one balancer decision costs as the ranks grow. In lbbsp.torch every rank runs the
 same balancer on the same reports each step (no sizes travel back), so this is paid on every rank, every step.
 
-    scripts/decide_cost.py [--workers 4,16,64,256] [--steps 300]
+    bench/decide_cost.py [--workers 4,16,64,256] [--steps 300]
 
 Prints, per predictor and rank count, the median, 90th percentile and maximum of Balancer._next_checked (the call
 LoadBalancer.step() makes) over the steps after 50 of warm-up, with speeds that drift per rank and 5% noise. A tight

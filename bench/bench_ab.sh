@@ -3,8 +3,8 @@
 # samples/s of A and B per model, batch and thread count, alternating A and B each round, best round each. One
 # thread: process CPU time; more: wall time (as bench_models reports them).
 #
-# usage: scripts/bench_ab.sh A_BENCH B_BENCH [--threads 1,2] [--rounds 3] [--min-time 0.5]
-#   e.g. scripts/bench_ab.sh ../main/build/bench/bench_models build/bench/bench_models --threads 1,2
+# usage: bench/bench_ab.sh A_BENCH B_BENCH [--threads 1,2] [--rounds 3] [--min-time 0.5]
+#   e.g. bench/bench_ab.sh ../main/build/bench/bench_models build/bench/bench_models --threads 1,2
 set -euo pipefail
 (($# >= 2)) || { sed -n '2,7p' "$0" >&2; exit 2; }
 a=$1 b=$2

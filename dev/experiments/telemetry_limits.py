@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """How predictable are the speeds in recorded telemetry? Bounds for the predictor table.
 
-For every run under DIR/runs/*/telemetry.h5 (as written by scripts/experiments/telemetry_eval.py) and every rank,
+For every run under DIR/runs/*/telemetry.h5 (as written by dev/experiments/telemetry_eval.py) and every rank,
 with s_t the measured speed of iteration t and the exogenous inputs x_t measured at the barrier after it (the
 inputs a predictor has before iteration t+1):
   hindsight  ordinary least squares of s_{t+1} on [1, s_t, s_{t-1}, s_{t-2}, EMA_t, cpu_t, mem_t, load_t, cpu_{t-1}]
@@ -14,7 +14,7 @@ inputs a predictor has before iteration t+1):
   corr_lag   correlation of s_t with s_{t+1} (does the last speed?).
 Prints one markdown table per setting (the run name's prefix), pooled over runs and ranks, and with --per-rank one
 row per run and rank.
-    scripts/experiments/telemetry_limits.py results/telemetry-eval-pred [--per-rank]
+    dev/experiments/telemetry_limits.py results/telemetry-eval-pred [--per-rank]
 """
 import argparse
 import os

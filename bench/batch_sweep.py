@@ -4,7 +4,7 @@ thread counts: a markdown table of samples/s per batch (and each thread count's 
 --png a log-log plot of it. A rank's batch changes every iteration, so a cliff where the code switches paths
 (vector tiles, im2col, the GEMM's thread threshold) shows here.
 
-usage: scripts/batch_sweep.py [--bench build/bench/bench_models] [--threads 1,2] [--min-time 0.2] [--rounds 3]
+usage: bench/batch_sweep.py [--bench build/bench/bench_models] [--threads 1,2] [--min-time 0.2] [--rounds 3]
                               [--png FILE]
 Wall time at every thread count (bench_models' sweep polls 200 us before each step, as after an allreduce).
 Each round runs every thread count once, one after the other; a cell is the best of the rounds (a noisy host
