@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from .torch import LoadBalancer
 from .torch.exchange import is_collective_error
+from .torch.sampler import default_global_batch, require_map_style
 
 __all__ = ["prepare"]
 
@@ -46,14 +47,10 @@ def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Opt
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(_no_process_group())
     dataset, accumulate = dataloader.dataset, int(getattr(accelerator, "gradient_accumulation_steps", 1))
-    if isinstance(dataset, torch.utils.data.IterableDataset):
-        raise TypeError("lbbsp.accelerate.prepare: the dataset is an IterableDataset; the balancer picks each rank's "
-                        "samples by index, so it needs a map-style Dataset (__getitem__, __len__)")
+    require_map_style(dataset, "lbbsp.accelerate.prepare")
     if global_batch is None:
-        if dataloader.batch_size is None:
-            raise ValueError("lbbsp.accelerate.prepare: the DataLoader has no batch_size (it has a batch_sampler): "
-                             "pass global_batch=")
-        global_batch = dataloader.batch_size * accelerator.num_processes * accumulate
+        global_batch = default_global_batch(dataloader, accelerator.num_processes, accumulate,
+                                            "lbbsp.accelerate.prepare", "global_batch=")
     model, optimizer = accelerator.prepare(model, optimizer)
     ddp = model if hasattr(model, "register_comm_hook") else None
     lb = LoadBalancer(ddp, dataset_size=len(dataset), global_batch=global_batch, balancer=balancer,

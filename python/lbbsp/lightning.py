@@ -23,6 +23,7 @@ from lightning.pytorch.trainer.states import RunningStage
 
 from .torch import LoadBalancer
 from .torch.exchange import is_collective_error
+from .torch.sampler import default_global_batch, require_map_style
 
 __all__ = ["LoadBalancedDDP", "LoadBalancerCallback"]
 
@@ -41,7 +42,7 @@ class LoadBalancerCallback(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         lb = self.strategy.load_balancer
-        if lb is None or not lb._stepped:
+        if lb is None or not lb.stepped:
             return
         pl_module.log_dict(lb.figures(), on_step=True, on_epoch=False, reduce_fx="mean", sync_dist=False)
 
@@ -99,15 +100,12 @@ class LoadBalancedDDP(DDPStrategy):
 
     def _balanced(self, dataloader: torch.utils.data.DataLoader) -> torch.utils.data.DataLoader:
         dataset, trainer = dataloader.dataset, self.lightning_module.trainer
-        if isinstance(dataset, torch.utils.data.IterableDataset):
-            raise TypeError("LoadBalancedDDP: the training dataset is an IterableDataset; the balancer picks each "
-                            "rank's samples by index, so it needs a map-style Dataset (__getitem__, __len__)")
+        require_map_style(dataset, "LoadBalancedDDP (the training DataLoader)")
         global_batch = self._global_batch
         if global_batch is None:
-            if dataloader.batch_size is None:
-                raise ValueError("LoadBalancedDDP: the training DataLoader has no batch_size (it has a "
-                                 "batch_sampler): pass LoadBalancedDDP(global_batch=...)")
-            global_batch = dataloader.batch_size * self.world_size * trainer.accumulate_grad_batches
+            global_batch = default_global_batch(dataloader, self.world_size, trainer.accumulate_grad_batches,
+                                                "LoadBalancedDDP (the training DataLoader)",
+                                                "LoadBalancedDDP(global_batch=...)")
         if self.load_balancer is None:
             self.load_balancer = LoadBalancer(self.model, dataset_size=len(dataset), global_batch=global_batch,
                                               micro_batches=trainer.accumulate_grad_batches, **self._lb_args)
@@ -120,12 +118,10 @@ class LoadBalancedDDP(DDPStrategy):
                       multiprocessing_context=dataloader.multiprocessing_context,
                       persistent_workers=dataloader.persistent_workers)
         prefetch = dataloader.prefetch_factor if dataloader.num_workers > 0 else None
-        loader = self.load_balancer.data_loader(dataset, num_workers=dataloader.num_workers,
-                                                prefetch_factor=prefetch, collate_fn=dataloader.collate_fn, **kwargs)
         # Lightning counts the batches done before a mid-epoch resume and stops at the epoch's length itself;
         # the sampler yields the rest of the epoch from lb.global_step.
-        loader.batch_sampler.whole_epoch_len = True
-        return loader
+        return self.load_balancer.data_loader(dataset, num_workers=dataloader.num_workers, prefetch_factor=prefetch,
+                                              collate_fn=dataloader.collate_fn, whole_epoch_len=True, **kwargs)
 
     def _check_accumulation(self) -> None:
         accumulate = self.lightning_module.trainer.accumulate_grad_batches

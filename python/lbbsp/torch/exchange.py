@@ -6,45 +6,14 @@ import collections
 import datetime
 import time
 import weakref
-import zlib
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import RANK_EXO
 from . import hooks
-
-EXO = len(RANK_EXO)  # cpu_avail, mem_avail, load: what the C++ runtime reports, in its order
-# batch, compute seconds, exo..., memory cap, measured batch (the samples of the window the seconds and exo are of:
-# the batch itself, or on CUDA the previous step's; -1: no window measured yet), status (0 ok, 1 this rank failed),
-# checksum of the batch vector
-REPORT = 2 + EXO + 4
-CAP, MEASURED, STATUS, CHECKSUM = 2 + EXO, 3 + EXO, REPORT - 2, REPORT - 1
-
-
-def checksum(sizes: np.ndarray) -> float:
-    """CRC-32 of a batch vector (exact in a float64 report)."""
-    return float(zlib.crc32(np.ascontiguousarray(sizes, dtype=np.int64).tobytes()))
-
-
-def write_row(rows: np.ndarray, rank: int, report: np.ndarray) -> None:
-    """Fills a world x (REPORT + 1) float32 or float64 block with ``report`` in row ``rank`` and zeros elsewhere,
-    the CRC as two 16-bit halves (exact in float32); summed over the ranks it holds every report (read_rows).
-    NumPy on a view of the block: this runs every step, and a tiny torch op costs about ten times a NumPy one."""
-    rows.fill(0)
-    crc = int(report[CHECKSUM])
-    rows[rank, :CHECKSUM] = report[:CHECKSUM]
-    rows[rank, CHECKSUM], rows[rank, CHECKSUM + 1] = crc >> 16, crc & 0xFFFF
-
-
-def read_rows(rows: np.ndarray) -> np.ndarray:
-    """The world x REPORT float64 reports of a block that write_row filled on each rank, summed over the ranks."""
-    r = np.array(rows, dtype=np.float64)  # a copy: the block may be reused
-    out = r[:, :REPORT]
-    out[:, CHECKSUM] = r[:, CHECKSUM] * 65536 + r[:, CHECKSUM + 1]
-    return out
+from .report import REPORT, read_rows, write_row
 
 
 def group_ranks(group: Optional[dist.ProcessGroup]) -> List[int]:
@@ -287,19 +256,3 @@ def _has_key(store: dist.Store, key: str) -> bool:
         return True
     except RuntimeError:
         return False
-
-
-def disagreement(step: int, sums: np.ndarray, ranks: Sequence[int]) -> Optional[str]:
-    """None when every rank used the same batch vector (same checksum), else a message naming who differs (by
-    global rank: ``ranks`` maps the group's ranks to them)."""
-    if (sums == sums[0]).all():
-        return None
-    values, first, counts = np.unique(sums, return_index=True, return_counts=True)
-    parts = []
-    for v in values[np.lexsort((first, -counts))]:
-        who = [ranks[r] for r in np.flatnonzero(sums == v)]
-        parts.append(f"{'rank' if len(who) == 1 else 'ranks'} {', '.join(map(str, who))} (checksum {int(v):08x})")
-    return (f"LoadBalancer: step {step}: the ranks used different batch vectors: {'; '.join(parts)}. Every rank "
-            "decides the sizes from the same reports with the same code, so this means a rank's balancer or "
-            "sizes were changed (a load_state_dict on some ranks only, another lbbsp build): restart all ranks "
-            "from one checkpoint with one installation")

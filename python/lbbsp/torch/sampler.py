@@ -1,4 +1,5 @@
-"""DataLoader pieces: the batch sampler over a LoadBalancer, the lag a DataLoader needs, an empty-batch collate."""
+"""DataLoader pieces: the batch sampler over a LoadBalancer, the DataLoader built on it, the lag a DataLoader
+needs, an empty-batch collate, and the checks every adapter makes of a user's dataset and DataLoader."""
 
 from __future__ import annotations
 
@@ -23,6 +24,29 @@ def required_lag(num_workers: int, prefetch_factor: Optional[int] = None, micro_
         return 0
     ahead = workers * (2 if prefetch_factor is None else _positive_int(prefetch_factor, "prefetch_factor", 1))
     return -(-ahead // micro)
+
+
+def step_name(global_step: int, steps_per_epoch: int) -> str:
+    """A global step as a user counts it: "epoch E, step S"."""
+    epoch, step = divmod(global_step, steps_per_epoch)
+    return f"epoch {epoch}, step {step}"
+
+
+def require_map_style(dataset: Any, who: str) -> None:
+    """Raises TypeError for an IterableDataset: the balancer hands each rank the indices of its share."""
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        raise TypeError(f"{who}: the dataset is an IterableDataset, and an IterableDataset yields samples in its own "
+                        "order, so no rank can be handed the indices of its share; use a map-style Dataset "
+                        "(__getitem__ and __len__), or draw each step's samples from lb.indices(epoch, step) "
+                        "yourself")
+
+
+def default_global_batch(loader: torch.utils.data.DataLoader, ranks: int, accumulate: int, who: str,
+                         fix: str) -> int:
+    """What plain DDP steps on: the DataLoader's batch_size times the ranks times the accumulated micro-batches."""
+    if loader.batch_size is None:
+        raise ValueError(f"{who}: the DataLoader has no batch_size (it has a batch_sampler): pass {fix}")
+    return loader.batch_size * ranks * accumulate
 
 
 def _empty_like(batch: Any) -> Any:
@@ -69,10 +93,10 @@ class BalancedBatchSampler:
     ``set_epoch()`` fixes it; iteration starts at the run's current step of that epoch (``lb.global_step``), so
     one sampler serves every epoch and a resumed run continues mid-epoch with no user code."""
 
-    def __init__(self, lb: LoadBalancer, epoch: Optional[int] = None) -> None:
+    def __init__(self, lb: LoadBalancer, epoch: Optional[int] = None, whole_epoch_len: bool = False) -> None:
         self.lb, self._started = lb, None  # (epoch, first step) of the latest iteration
         # A loop that counts the steps done before a resume itself (Lightning's) wants the whole epoch's length.
-        self.whole_epoch_len = False
+        self.whole_epoch_len = whole_epoch_len
         self._epoch = None if epoch is None else _positive_int(epoch, "epoch", 0)
 
     def set_epoch(self, epoch: Optional[int]) -> None:
@@ -85,11 +109,11 @@ class BalancedBatchSampler:
         epoch = g // spe if self._epoch is None else self._epoch
         if g >= (epoch + 1) * spe:
             raise RuntimeError(f"BalancedBatchSampler: epoch {epoch} is past: the run is at step {g} "
-                               f"({lb._where(g)}); call set_epoch({g // spe}) before iterating, or set_epoch(None) "
-                               "to follow the run")
+                               f"({step_name(g, spe)}); call set_epoch({g // spe}) before iterating, or "
+                               "set_epoch(None) to follow the run")
         if g < epoch * spe:
             raise RuntimeError(f"BalancedBatchSampler: epoch {epoch} has not begun: the run is at step {g} "
-                               f"({lb._where(g)}), and steps are taken in order; call set_epoch({g // spe}) or "
+                               f"({step_name(g, spe)}), and steps are taken in order; call set_epoch({g // spe}) or "
                                "set_epoch(None) to follow the run")
         return epoch, g - epoch * spe
 
@@ -111,3 +135,43 @@ class BalancedBatchSampler:
                 yield self.lb.indices(epoch, step).tolist()
             else:
                 yield from (m.tolist() for m in self.lb.micro_indices(epoch, step))
+
+
+def balanced_loader(lb: LoadBalancer, dataset: Any, num_workers: int, prefetch_factor: Optional[int],
+                    collate_fn: Optional[Callable[[List[Any]], Any]], epoch: Optional[int], whole_epoch_len: bool,
+                    **kwargs: Any) -> torch.utils.data.DataLoader:
+    """LoadBalancer.data_loader's DataLoader (see there), its dataset and read-ahead checked."""
+    require_map_style(dataset, "LoadBalancer.data_loader")
+    _check_length(dataset, lb.dataset_size)
+    need = required_lag(num_workers, prefetch_factor, lb.micro_batches)
+    if need > lb.lag:
+        lb.raise_lag(need)
+    if need > lb.lag:
+        raise ValueError(f"LoadBalancer.data_loader: a DataLoader with num_workers={num_workers} and "
+                         f"prefetch_factor={2 if prefetch_factor is None else prefetch_factor} reads {need} "
+                         f"batches ahead, but this LoadBalancer decides lag={lb.lag} steps ahead: construct "
+                         f"it with lag={need} (lbbsp.torch.required_lag({num_workers}, {prefetch_factor}, "
+                         f"{lb.micro_batches})) or read fewer batches ahead")
+    for owned in ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last"):
+        if owned in kwargs:
+            raise TypeError(f"LoadBalancer.data_loader: {owned} is set by the balancer's batch sampler; "
+                            "leave it out")
+    if num_workers > 0 and prefetch_factor is not None:
+        kwargs["prefetch_factor"] = prefetch_factor
+    return torch.utils.data.DataLoader(dataset, batch_sampler=BalancedBatchSampler(lb, epoch, whole_epoch_len),
+                                       num_workers=num_workers, collate_fn=AllowEmpty(dataset, collate_fn),
+                                       **kwargs)
+
+
+def _check_length(dataset: Any, dataset_size: int) -> None:
+    """A dataset of another length than dataset_size: indices past its end fail in a worker, or its tail is
+    never read (a silent subset)."""
+    try:
+        size = len(dataset)
+    except TypeError:  # no __len__: the indices are all it gets
+        return
+    if size != dataset_size:
+        raise ValueError(f"LoadBalancer.data_loader: the dataset has {size} samples but this LoadBalancer was "
+                         f"built with dataset_size={dataset_size}: pass dataset_size=len(dataset) (the "
+                         "whole dataset, the same on every rank), or wrap the part to train on in "
+                         "torch.utils.data.Subset")

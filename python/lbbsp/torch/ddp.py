@@ -1,0 +1,107 @@
+"""The DDP model's side of a LoadBalancer: its communication hook, which SUMS the gradients and, at the last
+bucket, sends the step's report (riding in that allreduce where it can) and opens the next step's window when the
+allreduce is left; and a forward pre-hook noting the rows of the model's input (the scale() check).
+
+Both hooks hold the LoadBalancer weakly: no reference cycle (model -> hook -> balancer -> model), so a dropped
+LoadBalancer and its process groups go at once, in the thread that drops them, and never in a gloo thread's
+callback (where tearing down a process group ends the process)."""
+
+import time
+import warnings
+import weakref
+from typing import TYPE_CHECKING, Any, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .exchange import group_ranks
+from .hooks import first_tensor, sum_allreduce_hook, then
+
+if TYPE_CHECKING:
+    from .controller import LoadBalancer
+
+_FSDP = {"FullyShardedDataParallel", "FSDPModule"}  # PyTorch's two FSDP APIs (no import: not in 1.13)
+
+
+def check_model(model: Optional[torch.nn.Module]) -> None:
+    """A DistributedDataParallel model or None; FSDP is refused."""
+    if model is not None and _FSDP & {c.__name__ for c in type(model).__mro__}:
+        raise TypeError("LoadBalancer: FSDP (FullyShardedDataParallel, fully_shard) is not supported: its "
+                        "all-gathers in every layer make each rank wait for the others inside the step, so a "
+                        "rank's own time cannot be told from its waiting, and it averages the gradients where "
+                        "LB-BSP needs their sum. Use DistributedDataParallel")
+    if model is not None and not hasattr(model, "register_comm_hook"):
+        raise TypeError("LoadBalancer: model must be a DistributedDataParallel (or None to sum gradients "
+                        f"yourself), got {type(model).__name__}")
+
+
+def model_ranks(model: Optional[torch.nn.Module], balanced: list) -> list:
+    """The global ranks the model reduces its gradients over (``balanced`` where there is no model)."""
+    return group_ranks(getattr(model, "process_group", None)) if model is not None else balanced
+
+
+def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None:
+    """Registers the SUM hook (and with ``check_rows`` the forward pre-hook) on the DDP model."""
+    me, orphaned = weakref.ref(lb), []
+
+    def hook(state: Optional[dist.ProcessGroup], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        balancer = me()
+        if balancer is not None:
+            return _sum_and_report(balancer, me, state, bucket)
+        if not orphaned:  # DDP keeps the hook: training on without the LoadBalancer still sums
+            orphaned.append(True)
+            warnings.warn("LoadBalancer: the DDP model's LoadBalancer is gone (no reference left to it) "
+                          "but its hook stays: the gradients are still SUMMED over ranks, so a mean loss "
+                          "gives gradients world-size times too large. Keep the LoadBalancer for as long "
+                          "as the model trains, or train on with a new DDP model")
+        return sum_allreduce_hook(state, bucket)
+    try:
+        model.register_comm_hook(getattr(model, "process_group", None), hook)
+    except RuntimeError as e:  # DDP takes one hook: the user's (a compression hook, say) came first
+        raise RuntimeError("LoadBalancer: the model already has a communication hook (register_comm_hook "
+                           "was called on it): LB-BSP needs its own, which sums the gradients and carries "
+                           "the reports; build the LoadBalancer on a DDP model without one (gradient "
+                           f"compression hooks are not supported). PyTorch: {e}") from e
+    if check_rows:
+        def note_rows(module: torch.nn.Module, args: Tuple[Any, ...]) -> None:
+            balancer = me()
+            if balancer is not None:
+                balancer.loss.note_rows(args[0].shape[0] if args and torch.is_tensor(args[0]) and args[0].dim()
+                                        else None)
+        model.register_forward_pre_hook(note_rows)
+
+
+def _sum_and_report(lb: "LoadBalancer", me: "weakref.ref", process_group: Optional[dist.ProcessGroup],
+                    bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The SUM hook's work on one bucket; at the last one it sends this step's report."""
+    k = lb.global_step
+    lb.loss.check_scaled(k)
+    tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
+    group = process_group if process_group is not None else dist.group.WORLD
+    last = bucket.is_last() if hasattr(bucket, "is_last") else False
+    sends = last and not lb.exchange.launched(k)
+    ready = lb.clock.ready_marker() if last else None  # this rank's backward ends here (on CUDA read later)
+    ready_s = time.perf_counter()
+    # On CUDA the report takes the all-gather on the gloo group: no copies between host and device.
+    if sends and not lb.clock.on_device and lb.exchange.can_piggyback(tensor):  # the report rides along
+        combined, gradients = lb.exchange.piggyback(lb.report(k, ready_s), tensor)
+        work = dist.all_reduce(combined, group=group, async_op=True)
+    else:
+        work = dist.all_reduce(tensor, group=group, async_op=True)
+        gradients = None
+        if sends:
+            lb.send_report(k, ready_s, ready)
+    # One callback per bucket: each costs the gloo thread a turn at the GIL.
+    if not last:
+        return then(work, first_tensor)
+
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        value = f.value()  # raises what the allreduce raised (a peer gone, a timeout)
+        balancer = me()  # not lb: the gloo thread that drops this callback must never drop the last reference
+        if balancer is not None:
+            balancer.clock.left_barrier(sends, ready, ready_s)
+        return value[0] if gradients is None else gradients
+    fut = then(work, done)
+    if gradients is not None:
+        lb.exchange.ride(k, work, combined, fut)
+    return fut
