@@ -1,5 +1,5 @@
 // `lbbsp report RUN_DIR...`: the runs' telemetry as a markdown (or JSON) report on stdout; --png / --html DIR
-// add figures drawn by scripts/report_figures.py (matplotlib). Pure reading: MPI is never initialised.
+// add figures drawn by runtime/cli/report_figures.py (matplotlib). Pure reading: MPI is never initialised.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,8 +15,16 @@
 #include "runtime/analysis/report.hpp"
 #include "runtime/cli/commands.hpp"
 
+// Set by runtime/CMakeLists.txt for this file: the source and build trees, and the installed script's folder
+// relative to the installed binary's.
 #ifndef LBBSP_SOURCE_DIR
 #define LBBSP_SOURCE_DIR ""
+#endif
+#ifndef LBBSP_BINARY_DIR
+#define LBBSP_BINARY_DIR ""
+#endif
+#ifndef LBBSP_FIGURES_FROM_BINDIR
+#define LBBSP_FIGURES_FROM_BINDIR "../share/lbbsp"
 #endif
 
 namespace lbbsp::cli {
@@ -31,26 +39,30 @@ struct ReportOptions {
   runtime::report::Options analysis;
 };
 
-// scripts/report_figures.py: in $LBBSP_SCRIPTS_DIR when set, else beside the binary (build/lbbsp ->
-// scripts/), else in the source tree this binary was built from.
+// The figures' script, runtime/cli/report_figures.py: $LBBSP_REPORT_FIGURES when set; else, for the binary in
+// the build tree it was built in, the source tree's; else where `cmake --install` puts it beside the binary
+// (PREFIX/bin/lbbsp -> PREFIX/share/lbbsp/report_figures.py). Never a guess among several places: the error
+// names the one path this binary looked at.
 std::string find_figure_script() {
-  std::vector<fs::path> tried;
-  const char* env = std::getenv("LBBSP_SCRIPTS_DIR");
-  if (env) tried.push_back(fs::path(env) / "report_figures.py");
+  if (const char* env = std::getenv("LBBSP_REPORT_FIGURES")) {
+    if (fs::is_regular_file(env)) return env;
+    throw std::runtime_error(std::string("figures need report_figures.py, not found at '") + env +
+                             "' (named by $LBBSP_REPORT_FIGURES)");
+  }
   std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (!env && !ec) {
-    tried.push_back(self.parent_path().parent_path() / "scripts/report_figures.py");
-    tried.push_back(self.parent_path() / "scripts/report_figures.py");
-  }
-  if (!env && *LBBSP_SOURCE_DIR) tried.push_back(fs::path(LBBSP_SOURCE_DIR) / "scripts/report_figures.py");
-  std::string list;
-  for (const auto& p : tried) {
-    if (fs::is_regular_file(p)) return p.string();
-    list += (list.empty() ? "" : ", ") + p.string();
-  }
-  throw std::runtime_error("figures need scripts/report_figures.py, not found (looked at " + list +
-                           "); set LBBSP_SCRIPTS_DIR to the folder holding it");
+  const fs::path dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  if (ec)
+    throw std::runtime_error("figures: cannot find this binary's folder (/proc/self/exe: " + ec.message() +
+                             ")");
+  const bool build_tree = *LBBSP_BINARY_DIR && fs::equivalent(dir, LBBSP_BINARY_DIR, ec);
+  const fs::path script = build_tree
+                              ? fs::path(LBBSP_SOURCE_DIR) / "runtime/cli/report_figures.py"
+                              : (dir / LBBSP_FIGURES_FROM_BINDIR / "report_figures.py").lexically_normal();
+  if (fs::is_regular_file(script)) return script.string();
+  throw std::runtime_error("figures need report_figures.py, not found at '" + script.string() + "' (" +
+                           (build_tree ? "the source tree this build-tree binary was built from"
+                                       : "where cmake --install puts it beside this binary") +
+                           "); set LBBSP_REPORT_FIGURES to its path");
 }
 
 // Debian's python3 has matplotlib and h5py (scripts/setup.sh); $LBBSP_PYTHON overrides.

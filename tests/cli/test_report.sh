@@ -124,6 +124,6 @@ with h5py.File(d + "/rows/telemetry.h5", "a") as f:
 PY
 expect_fail "'$SCRATCH/rows/telemetry.h5': /records/wait_s has 237 rows, /records/iteration has 240" \
   "$LBBSP" report "$SCRATCH/rows"
-expect_fail "report_figures.py, not found.*LBBSP_SCRIPTS_DIR" env LBBSP_SCRIPTS_DIR="$SCRATCH/empty" \
-  "$LBBSP" report "$SCRATCH/bsp" --png "$SCRATCH/png2"
+expect_fail "report_figures.py, not found at '$SCRATCH/empty/report_figures.py'" \
+  env LBBSP_REPORT_FIGURES="$SCRATCH/empty/report_figures.py" "$LBBSP" report "$SCRATCH/bsp" --png "$SCRATCH/png2"
 echo "test_report: ok"

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Figures of `lbbsp report`: one or more runs' telemetry (--log-dir folders) side by side.
 
-usage: scripts/report_figures.py [--png DIR] [--html DIR --markdown REPORT.md] RUN_DIR [RUN_DIR ...]
+usage: runtime/cli/report_figures.py [--png DIR] [--html DIR --markdown REPORT.md] RUN_DIR [RUN_DIR ...]
 Writes iteration_time.png (every run's iteration time on one axis), batch_split.png (per-rank share of the
 global batch over the iterations, one panel per run) and wait.png (per-rank time waiting at the barrier, one bar
 per run) into each folder given; --html also writes report.html: the markdown report with the figures.
