@@ -687,9 +687,9 @@ def main():
     if not os.path.exists(a.data):
         sys.exit(f"experiment.py: no dataset at '{a.data}' (lbbsp data import-fashion-mnist --out {a.data})")
     peer_ok = (not a.no_peer and cfg["peer"] and subprocess.run(
-        [a.torch_python, "-c", "import torch, torch.distributed"], capture_output=True).returncode == 0)
+        [a.torch_python, "-c", "import torch, torch.distributed, lbbsp"], capture_output=True).returncode == 0)
     if cfg["peer"] and not a.no_peer and not peer_ok:
-        log(f"experiment.py: no torch for {a.torch_python}; skipping the pytorch-ddp peer")
+        log(f"experiment.py: no torch or lbbsp for {a.torch_python}; skipping the pytorch-ddp peer")
 
     t0 = time.time()
     runs = {s: {b: [] for b in v["balancers"]} for s, v in cfg["scenarios"].items()}

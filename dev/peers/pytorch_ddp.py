@@ -1,11 +1,11 @@
 #!/usr/bin/python3
 """PyTorch DDP peer of `lbbsp train` with the bsp balancer: the same MLP (784-256-128-10 ReLU) or CNN, the same
-data order (lbbsp's epoch permutation: splitmix64 Fisher-Yates, ported from balancer/sampling.cpp, which the Python
-package offers as lbbsp.epoch_permutation; this peer runs without lbbsp installed), the same global
-batch cut into equal slices (DDP cannot rebalance), SGD with momentum, and the same static straggler emulation: a
-rank at capacity c stretches its compute (forward + backward) to compute / c (or, with --cost-slope S, to
-S x batch / c, lbbsp's linear cost gpu=0:0:S:CAP) by sleeping the difference before its
-gradients enter the allreduce (a DDP communication hook sleeps, then runs the default allreduce).
+data order (lbbsp.epoch_permutation: the Python package's binding of balancer/sampling.cpp, the permutation
+`lbbsp train` cuts its global batches from; so lbbsp must be importable), the same global batch cut into equal
+slices (DDP cannot rebalance), SGD with momentum, and the same static straggler emulation: a rank at capacity c
+stretches its compute (forward + backward) to compute / c (or, with --cost-slope S, to S x batch / c, lbbsp's
+linear cost gpu=0:0:S:CAP) by sleeping the difference before its gradients enter the allreduce (a DDP
+communication hook sleeps, then runs the default allreduce).
 
 Ranks are torch.multiprocessing processes on localhost with the gloo backend, one thread each.
 
@@ -31,23 +31,7 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-M64 = (1 << 64) - 1
-
-
-def epoch_permutation(n, seed, epoch):
-    """Exact port of balancer/sampling.cpp's epoch_permutation (lbbsp.epoch_permutation; splitmix64 stream,
-    Fisher-Yates from the end)."""
-    p = list(range(n))
-    state = (seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + 1) & M64
-    for i in range(n - 1, 0, -1):
-        state = (state + 0x9E3779B97F4A7C15) & M64
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-        z ^= z >> 31
-        j = z % (i + 1)
-        p[i], p[j] = p[j], p[i]
-    return np.array(p, dtype=np.int64)
+import lbbsp
 
 
 def make_model(kind, dim, classes):
@@ -145,7 +129,7 @@ def worker(rank, a, port, caps):
     for it in range(total):
         epoch, pos = divmod(it, per_epoch)
         if pos == 0:
-            perm = epoch_permutation(n, a.seed, epoch)
+            perm = lbbsp.epoch_permutation(n, a.seed, epoch)
         t = time.perf_counter()
         rows = perm[pos * X + offset: pos * X + offset + sizes[rank]]
         xb, yb = torch.from_numpy(xtr[rows]), torch.from_numpy(ytr[rows])

@@ -26,7 +26,7 @@ TEST(Sampling, PermutationIsAPermutationAndSeeded) {
 }
 
 TEST(Sampling, MatchesTheIndependentPythonPort) {
-  // Values from dev/peers/pytorch_ddp.py's epoch_permutation (a separate implementation of the same
+  // Values from the Python port in tests/python/test_package.py (a separate implementation of the same
   // splitmix64 / Fisher-Yates definition): a change here changes every run's sample order.
   EXPECT_EQ(epoch_permutation(10, 1, 0), (std::vector<int64_t>{7, 6, 4, 1, 0, 2, 5, 8, 3, 9}));
   EXPECT_EQ(epoch_permutation(12, 7, 3), (std::vector<int64_t>{6, 7, 9, 1, 2, 10, 4, 0, 8, 11, 3, 5}));
