@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "balancer/balancer_base.hpp"
-#include "balancer/state_io.hpp"
+#include "common/state_io.hpp"
 
 namespace lbbsp::balancer::detail {
 namespace {
@@ -17,8 +17,8 @@ class BspBalancer final : public BalancerBase {
     check_report(report);
     return split(bounds_for(&report));
   }
-  std::string save_state() const override { return StateWriter("bsp").text(); }
-  void load_state(const std::string& state) override { StateReader(state, "bsp"); }
+  std::string save_state() const override { return StateWriter(StateOf::balancer, "bsp").str(); }
+  void load_state(const std::string& state) override { StateReader(StateOf::balancer, state, "bsp"); }
 
  private:
   std::vector<int64_t> split(const BatchBounds& bounds) {

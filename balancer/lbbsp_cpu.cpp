@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "balancer/balancer_base.hpp"
-#include "balancer/state_io.hpp"
+#include "common/state_io.hpp"
 #include "predictors/fleet.hpp"
 #include "predictors/predictor.hpp"
 
@@ -104,33 +104,37 @@ class LbbspCpuBalancer final : public BalancerBase {
   }
   std::vector<double> predicted_speeds() const override { return predicted_; }
   std::string save_state() const override {
-    StateWriter w("lbbsp-cpu/4");
-    w.str(spec_);
-    w.f64s(predicted_);
-    w.f64s(base_speed_);
-    w.f64s(signal_base_);
-    w.i64s(held_);
-    w.f64s({miss2_, miss_weight_});
-    w.f64s(recent_miss2_);
-    w.f64s(streak_.shares);
-    w.f64s({static_cast<double>(streak_.steps)});
-    for (const auto& p : predictors_) w.str(p->save_state());
-    return w.text();
+    StateWriter w(StateOf::balancer, "lbbsp-cpu/4");
+    w.put_string(spec_);
+    w.put_vector(predicted_);
+    w.put_vector(base_speed_);
+    w.put_vector(signal_base_);
+    w.put_vector(held_);
+    w.put_vector(std::vector<double>{miss2_, miss_weight_});
+    w.put_vector(recent_miss2_);
+    w.put_vector(streak_.shares);
+    w.put_vector(std::vector<double>{static_cast<double>(streak_.steps)});
+    for (const auto& p : predictors_) w.put_string(p->save_state());
+    return w.str();
   }
   // "lbbsp-cpu/4" (this version), "lbbsp-cpu/3" (no averaged speeds of the held split), "lbbsp-cpu/2" (the
   // last report's misses only, not the last few) or "lbbsp-cpu" (before the noise band: no held split or
   // misses).
   void load_state(const std::string& state) override {
-    const int version = state_has_tag(state, "lbbsp-cpu/4")   ? 4
-                        : state_has_tag(state, "lbbsp-cpu/3") ? 3
-                        : state_has_tag(state, "lbbsp-cpu/2") ? 2
-                                                              : 1;
+    const auto has_tag = [&](const char* tag) {
+      return state.rfind(StateWriter(StateOf::balancer, tag).str(), 0) == 0;
+    };
+    const int version = has_tag("lbbsp-cpu/4")   ? 4
+                        : has_tag("lbbsp-cpu/3") ? 3
+                        : has_tag("lbbsp-cpu/2") ? 2
+                                                 : 1;
     static const char* const kTags[] = {"", "lbbsp-cpu", "lbbsp-cpu/2", "lbbsp-cpu/3", "lbbsp-cpu/4"};
-    StateReader r(state, kTags[version]);
-    if (r.str() != spec_) throw std::invalid_argument("lbbsp-cpu: state was saved with another predictor");
-    predicted_ = r.f64s();
-    base_speed_ = r.f64s();
-    signal_base_ = r.f64s();
+    StateReader r(StateOf::balancer, state, kTags[version]);
+    if (r.get_string() != spec_)
+      throw std::invalid_argument("lbbsp-cpu: state was saved with another predictor");
+    predicted_ = r.get_vector<double>();
+    base_speed_ = r.get_vector<double>();
+    signal_base_ = r.get_vector<double>();
     if (base_speed_.size() != n() || signal_base_.size() != n())
       throw std::invalid_argument("lbbsp-cpu: state is for another worker count");
     held_.clear();
@@ -138,24 +142,24 @@ class LbbspCpuBalancer final : public BalancerBase {
     streak_.clear();
     miss2_ = miss_weight_ = 0;
     if (version >= 2) {
-      held_ = r.i64s();
-      const std::vector<double> miss = r.f64s();
+      held_ = r.get_vector<int64_t>();
+      const std::vector<double> miss = r.get_vector<double>();
       if (!held_.empty() && held_.size() != n())
         throw std::invalid_argument("lbbsp-cpu: state is for another worker count");
       if (miss.size() != (version == 2 ? 3u : 2u))
         throw std::invalid_argument("lbbsp-cpu: bad miss statistics");
       miss2_ = miss[0], miss_weight_ = miss[1];
-      recent_miss2_ = version == 2 ? std::vector<double>{miss[2]} : r.f64s();
+      recent_miss2_ = version == 2 ? std::vector<double>{miss[2]} : r.get_vector<double>();
       if (recent_miss2_.size() > kRecentSteps) throw std::invalid_argument("lbbsp-cpu: bad miss statistics");
     }
     if (version >= 4) {
-      streak_.shares = r.f64s();
-      const std::vector<double> steps = r.f64s();
+      streak_.shares = r.get_vector<double>();
+      const std::vector<double> steps = r.get_vector<double>();
       if ((!streak_.shares.empty() && streak_.shares.size() != n()) || steps.size() != 1 || steps[0] < 0)
         throw std::invalid_argument("lbbsp-cpu: bad averaged speeds of the held split");
       streak_.steps = static_cast<size_t>(steps[0]);
     }
-    for (auto& p : predictors_) p->load_state(r.str());
+    for (auto& p : predictors_) p->load_state(r.get_string());
   }
 
  private:

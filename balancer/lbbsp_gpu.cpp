@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "balancer/balancer_base.hpp"
-#include "balancer/state_io.hpp"
+#include "common/state_io.hpp"
 
 namespace lbbsp::balancer::detail {
 namespace {
@@ -47,24 +47,24 @@ class LbbspGpuBalancer final : public BalancerBase {
   }
   std::vector<double> predicted_speeds() const override { return speeds_; }
   std::string save_state() const override {
-    StateWriter w("lbbsp-gpu");
-    for (int64_t v : {window_, step_, initial_step_, in_window_, oscillations_, calm_moves_}) w.i64(v);
-    w.i64s(batch_);
-    w.f64s(time_sum_);
-    w.i64s(time_count_);
-    w.i64s(direction_);
-    w.f64s(speeds_);
-    return w.text();
+    StateWriter w(StateOf::balancer, "lbbsp-gpu");
+    for (int64_t v : {window_, step_, initial_step_, in_window_, oscillations_, calm_moves_}) w.put(v);
+    w.put_vector(batch_);
+    w.put_vector(time_sum_);
+    w.put_vector(time_count_);
+    w.put_vector(direction_);
+    w.put_vector(speeds_);
+    return w.str();
   }
   void load_state(const std::string& state) override {
-    StateReader r(state, "lbbsp-gpu");
+    StateReader r(StateOf::balancer, state, "lbbsp-gpu");
     for (int64_t* v : {&window_, &step_, &initial_step_, &in_window_, &oscillations_, &calm_moves_})
-      *v = r.i64();
-    batch_ = r.i64s();
-    time_sum_ = r.f64s();
-    time_count_ = r.i64s();
-    direction_ = r.i64s();
-    speeds_ = r.f64s();
+      *v = r.get<int64_t>();
+    batch_ = r.get_vector<int64_t>();
+    time_sum_ = r.get_vector<double>();
+    time_count_ = r.get_vector<int64_t>();
+    direction_ = r.get_vector<int64_t>();
+    speeds_ = r.get_vector<double>();
     if (time_sum_.size() != n() || direction_.size() != n())
       throw std::invalid_argument("lbbsp-gpu: state is for another worker count");
   }

@@ -12,7 +12,7 @@
 
 #include "balancer/balancer_base.hpp"
 #include "balancer/curve_fit.hpp"
-#include "balancer/state_io.hpp"
+#include "common/state_io.hpp"
 
 namespace lbbsp::balancer::detail {
 namespace {
@@ -66,28 +66,29 @@ class LbbspGpuModelBalancer final : public BalancerBase {
   }
   std::vector<double> predicted_speeds() const override { return speeds_; }
   std::string save_state() const override {
-    StateWriter w("lbbsp-gpu-model");
-    w.f64s(speeds_);
-    w.f64s(last_capacity_);
+    StateWriter w(StateOf::balancer, "lbbsp-gpu-model");
+    w.put_vector(speeds_);
+    w.put_vector(last_capacity_);
     for (size_t i = 0; i < n(); ++i) {
-      w.f64s({shapes_[i].floor_s, shapes_[i].sat_batch, shapes_[i].slope_s_per_sample});
+      w.put_vector(
+          std::vector<double>{shapes_[i].floor_s, shapes_[i].sat_batch, shapes_[i].slope_s_per_sample});
       std::vector<double> flat;
       for (const auto& p : points_[i]) flat.insert(flat.end(), {p.batch, p.time_s});
-      w.f64s(flat);
+      w.put_vector(flat);
     }
-    return w.text();
+    return w.str();
   }
   void load_state(const std::string& state) override {
-    StateReader r(state, "lbbsp-gpu-model");
-    speeds_ = r.f64s();
-    last_capacity_ = r.f64s();
+    StateReader r(StateOf::balancer, state, "lbbsp-gpu-model");
+    speeds_ = r.get_vector<double>();
+    last_capacity_ = r.get_vector<double>();
     if (last_capacity_.size() != n())
       throw std::invalid_argument("lbbsp-gpu-model: state is for another worker count");
     for (size_t i = 0; i < n(); ++i) {
-      const std::vector<double> c = r.f64s();
+      const std::vector<double> c = r.get_vector<double>();
       if (c.size() != 3) throw std::invalid_argument("lbbsp-gpu-model: bad curve in state");
       shapes_[i] = TimeCurve{c[0], c[1], c[2]};
-      const std::vector<double> flat = r.f64s();
+      const std::vector<double> flat = r.get_vector<double>();
       points_[i].clear();
       for (size_t k = 0; k + 1 < flat.size(); k += 2) points_[i].push_back({flat[k], flat[k + 1]});
     }

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "balancer/balancer_base.hpp"
-#include "balancer/state_io.hpp"
+#include "common/state_io.hpp"
 
 namespace lbbsp::balancer::detail {
 namespace {
@@ -51,17 +51,17 @@ class OracleBalancer final : public BalancerBase {
   }
   std::vector<double> predicted_speeds() const override { return next_speed_; }
   std::string save_state() const override {
-    StateWriter w("oracle");
-    w.f64s(base_speed_);
-    w.f64s(last_speed_);
-    w.f64s(next_speed_);
-    return w.text();
+    StateWriter w(StateOf::balancer, "oracle");
+    w.put_vector(base_speed_);
+    w.put_vector(last_speed_);
+    w.put_vector(next_speed_);
+    return w.str();
   }
   void load_state(const std::string& state) override {
-    StateReader r(state, "oracle");
-    base_speed_ = r.f64s();
-    last_speed_ = r.f64s();
-    next_speed_ = r.f64s();
+    StateReader r(StateOf::balancer, state, "oracle");
+    base_speed_ = r.get_vector<double>();
+    last_speed_ = r.get_vector<double>();
+    next_speed_ = r.get_vector<double>();
     if (base_speed_.size() != n() || last_speed_.size() != n())
       throw std::invalid_argument("oracle: state is for another worker count");
   }

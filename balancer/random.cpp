@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "balancer/balancer_base.hpp"
-#include "balancer/state_io.hpp"
+#include "common/state_io.hpp"
 
 namespace lbbsp::balancer::detail {
 namespace {
@@ -25,13 +25,13 @@ class RandomBalancer final : public BalancerBase {
   std::string save_state() const override {
     std::ostringstream os;
     os << rng_;
-    StateWriter w("random");
-    w.str(os.str());
-    return w.text();
+    StateWriter w(StateOf::balancer, "random");
+    w.put_string(os.str());
+    return w.str();
   }
   void load_state(const std::string& state) override {
-    StateReader r(state, "random");
-    std::istringstream is(r.str());
+    StateReader r(StateOf::balancer, state, "random");
+    std::istringstream is(r.get_string());
     is >> rng_;
     if (!is) throw std::invalid_argument("random: bad generator state");
   }

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "balancer/balancer_base.hpp"
-#include "balancer/state_io.hpp"
+#include "common/state_io.hpp"
 
 namespace lbbsp::balancer::detail {
 namespace {
@@ -37,19 +37,19 @@ class StaticBalancer final : public BalancerBase {
   }
   std::vector<double> predicted_speeds() const override { return fixed_speeds_; }
   std::string save_state() const override {
-    StateWriter w("static");
-    w.i64(measured_);
-    w.f64s(speed_sum_);
-    w.i64s(speed_count_);
-    w.f64s(fixed_speeds_);
-    return w.text();
+    StateWriter w(StateOf::balancer, "static");
+    w.put(measured_);
+    w.put_vector(speed_sum_);
+    w.put_vector(speed_count_);
+    w.put_vector(fixed_speeds_);
+    return w.str();
   }
   void load_state(const std::string& state) override {
-    StateReader r(state, "static");
-    measured_ = r.i64();
-    speed_sum_ = r.f64s();
-    speed_count_ = r.i64s();
-    fixed_speeds_ = r.f64s();
+    StateReader r(StateOf::balancer, state, "static");
+    measured_ = r.get<int64_t>();
+    speed_sum_ = r.get_vector<double>();
+    speed_count_ = r.get_vector<int64_t>();
+    fixed_speeds_ = r.get_vector<double>();
     if (speed_sum_.size() != n() || speed_count_.size() != n())
       throw std::invalid_argument("static: state is for another worker count");
   }

@@ -6,7 +6,8 @@
 #include <limits>
 #include <stdexcept>
 
-#include "predictors/state_io.hpp"
+#include "common/state_io.hpp"
+#include "predictors/speed.hpp"
 
 namespace lbbsp::predictors {
 namespace {
@@ -186,7 +187,7 @@ double ArimaPredictor::predict(const std::vector<double>&) {
 }
 
 std::string ArimaPredictor::save_state() const {
-  StateWriter w("arima/1");
+  StateWriter w(StateOf::predictor, "arima/1");
   w.put(options_.p);
   w.put(options_.d);
   w.put(options_.q);
@@ -197,7 +198,7 @@ std::string ArimaPredictor::save_state() const {
 }
 
 void ArimaPredictor::load_state(const std::string& state) {
-  StateReader r(state, "arima/1");
+  StateReader r(StateOf::predictor, state, "arima/1");
   ArimaOptions o;
   o.p = r.get<int>();
   o.d = r.get<int>();

@@ -2,7 +2,8 @@
 
 #include <stdexcept>
 
-#include "predictors/state_io.hpp"
+#include "common/state_io.hpp"
+#include "predictors/speed.hpp"
 
 namespace lbbsp::predictors {
 
@@ -13,12 +14,12 @@ double LastPredictor::predict(const std::vector<double>&) {
   return last_ > 0 ? last_ : kDefaultSpeed;
 }
 std::string LastPredictor::save_state() const {
-  StateWriter w("last/1");
+  StateWriter w(StateOf::predictor, "last/1");
   w.put(last_);
   return w.str();
 }
 void LastPredictor::load_state(const std::string& state) {
-  StateReader r(state, "last/1");
+  StateReader r(StateOf::predictor, state, "last/1");
   double last = r.get<double>();
   r.finish();
   last_ = last;
@@ -38,13 +39,13 @@ double EmaPredictor::predict(const std::vector<double>&) {
   return level_ > 0 ? level_ : kDefaultSpeed;
 }
 std::string EmaPredictor::save_state() const {
-  StateWriter w("ema/1");
+  StateWriter w(StateOf::predictor, "ema/1");
   w.put(alpha_);
   w.put(level_);
   return w.str();
 }
 void EmaPredictor::load_state(const std::string& state) {
-  StateReader r(state, "ema/1");
+  StateReader r(StateOf::predictor, state, "ema/1");
   double alpha = r.get<double>(), level = r.get<double>();
   r.finish();
   alpha_ = alpha;
@@ -59,13 +60,13 @@ double OraclePredictor::predict(const std::vector<double>&) {
   return last_ > 0 ? last_ : kDefaultSpeed;
 }
 std::string OraclePredictor::save_state() const {
-  StateWriter w("oracle/1");
+  StateWriter w(StateOf::predictor, "oracle/1");
   w.put(last_);
   w.put(truth_);
   return w.str();
 }
 void OraclePredictor::load_state(const std::string& state) {
-  StateReader r(state, "oracle/1");
+  StateReader r(StateOf::predictor, state, "oracle/1");
   double last = r.get<double>(), truth = r.get<double>();
   r.finish();
   last_ = last;

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "predictors/narx_kernels.hpp"
+#include "predictors/speed.hpp"
 
 namespace lbbsp::predictors {
 namespace {

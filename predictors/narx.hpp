@@ -26,10 +26,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/state_io.hpp"
 #include "predictors/cache_aligned.hpp"
 #include "predictors/narx_exo.hpp"
 #include "predictors/predictor.hpp"
-#include "predictors/state_io.hpp"
+#include "predictors/rng.hpp"
 
 namespace lbbsp::predictors {
 

@@ -5,7 +5,7 @@
 #pragma once
 #include <vector>
 
-#include "predictors/state_io.hpp"
+#include "common/state_io.hpp"
 
 namespace lbbsp::predictors {
 

@@ -29,7 +29,7 @@ void same_size_float(std::vector<float, Alloc>& dst, const std::vector<double>& 
 }
 
 bool has_tag(const std::string& state, const std::string& tag) {
-  const std::string prefix = StateWriter(tag).str();
+  const std::string prefix = StateWriter(StateOf::predictor, tag).str();
   return state.compare(0, prefix.size(), prefix) == 0;
 }
 
@@ -71,7 +71,7 @@ NarxOptions read_options(StateReader& r, int version) {
 // ---- narx/4: options, the network, the levels, the pending forecast, the window, the exogenous models ----
 
 std::string NarxPredictor::save_state() const {
-  StateWriter w("narx/4");
+  StateWriter w(StateOf::predictor, "narx/4");
   write_options(w, options_);
   w.put(num_exo_);
   w.put(rng_.state());
@@ -141,7 +141,7 @@ void NarxPredictor::load_state(const std::string& state) {
                       : has_tag(state, "narx/2") ? 2
                       : has_tag(state, "narx/3") ? 3
                                                  : 4;
-  StateReader r(state, "narx/" + std::to_string(version));
+  StateReader r(StateOf::predictor, state, "narx/" + std::to_string(version));
   const NarxOptions o = read_options(r, version);
   const int num_exo = r.get<int>();
   NarxPredictor p(o, num_exo, 0);  // validates options and sizes every buffer

@@ -10,9 +10,12 @@
 #include "balancer/assign.hpp"
 #include "balancer/balancer.hpp"
 #include "balancer/curve_fit.hpp"
-#include "balancer/state_io.hpp"
+#include "common/state_io.hpp"
 
 using namespace lbbsp::balancer;
+using lbbsp::StateOf;
+using lbbsp::StateReader;
+using lbbsp::StateWriter;
 
 namespace {
 
@@ -492,7 +495,7 @@ void expect_older_state_loads(const std::function<std::string(StateReader&, size
   auto batch = a->initial();
   for (size_t t = 0; t < 6; ++t) batch = a->next(c.report(t, batch));
   const std::string saved = a->save_state();  // (StateReader keeps a reference)
-  StateReader r(saved, "lbbsp-cpu/4");
+  StateReader r(StateOf::balancer, saved, "lbbsp-cpu/4");
   const std::string old = rewrite(r, n);
   auto b = make_balancer(config("lbbsp-cpu:ema", n, 400));
   ASSERT_NO_THROW(b->load_state(old));
@@ -508,31 +511,32 @@ void expect_older_state_loads(const std::function<std::string(StateReader&, size
 // A state saved before the noise band ("lbbsp-cpu": no held split, no miss statistics) still loads.
 TEST(Balancers, LbbspCpuLoadsAStateFromBeforeTheNoiseBand) {
   expect_older_state_loads([](StateReader& r, size_t n) {
-    StateWriter old("lbbsp-cpu");
-    old.str(r.str());
-    for (int k = 0; k < 3; ++k) old.f64s(r.f64s());   // predicted, base speed, signal base
-    r.i64s(), r.f64s(), r.f64s();                     // held split, miss statistics: not in the old format
-    r.f64s(), r.f64s();                               // the held split's averaged speeds (format 4)
-    for (size_t i = 0; i < n; ++i) old.str(r.str());  // the predictors
-    return old.text();
+    StateWriter old(StateOf::balancer, "lbbsp-cpu");
+    old.put_string(r.get_string());
+    for (int k = 0; k < 3; ++k) old.put_vector(r.get_vector<double>());  // predicted, base speed, signal base
+    r.get_vector<int64_t>(), r.get_vector<double>(),
+        r.get_vector<double>();                      // held split, miss statistics: not in the old format
+    r.get_vector<double>(), r.get_vector<double>();  // the held split's averaged speeds (format 4)
+    for (size_t i = 0; i < n; ++i) old.put_string(r.get_string());  // the predictors
+    return old.str();
   });
 }
 
 // A state saved as "lbbsp-cpu/2" (the EMA and the last report's misses, not the last few) still loads.
 TEST(Balancers, LbbspCpuLoadsAStateOfFormat2) {
   expect_older_state_loads([](StateReader& r, size_t n) {
-    StateWriter v2("lbbsp-cpu/2");
-    v2.str(r.str());
-    for (int k = 0; k < 3; ++k) v2.f64s(r.f64s());  // predicted, base speed, signal base
-    v2.i64s(r.i64s());                              // held split
-    std::vector<double> miss = r.f64s();            // EMA and its weight
-    const std::vector<double> recent = r.f64s();
+    StateWriter v2(StateOf::balancer, "lbbsp-cpu/2");
+    v2.put_string(r.get_string());
+    for (int k = 0; k < 3; ++k) v2.put_vector(r.get_vector<double>());  // predicted, base speed, signal base
+    v2.put_vector(r.get_vector<int64_t>());                             // held split
+    std::vector<double> miss = r.get_vector<double>();                  // EMA and its weight
+    const std::vector<double> recent = r.get_vector<double>();
     EXPECT_FALSE(recent.empty());
     miss.push_back(recent.empty() ? 0.0 : recent.back());  // format 2 kept the last report's misses only
-    v2.f64s(miss);
-    r.f64s(), r.f64s();  // the held split's averaged speeds (format 4)
-    for (size_t i = 0; i < n; ++i) v2.str(r.str());
-    return v2.text();
+    v2.put_vector(miss);
+    r.get_vector<double>(), r.get_vector<double>();  // the held split's averaged speeds (format 4)
+    for (size_t i = 0; i < n; ++i) v2.put_string(r.get_string());
+    return v2.str();
   });
 }
 

@@ -11,15 +11,16 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common/state_io.hpp"
 #include "predictors/fleet.hpp"
 #include "predictors/predictor.hpp"
-#include "predictors/state_io.hpp"
 
+using lbbsp::StateOf;
+using lbbsp::StateWriter;
 using lbbsp::predictors::for_each_worker;
 using lbbsp::predictors::kParallelWorkers;
 using lbbsp::predictors::make_predictor;
 using lbbsp::predictors::Predictor;
-using lbbsp::predictors::StateWriter;
 
 namespace {
 
@@ -94,7 +95,7 @@ std::string narx_state(int version) {
   const int dy = 2, du = 1, hidden = 3, window = 4, num_exo = 1;
   const int n_in = dy + 3 + (du + 1) * num_exo;
   const int params = hidden * (n_in + 2) + 1;
-  StateWriter w("narx/" + std::to_string(version));
+  StateWriter w(StateOf::predictor, "narx/" + std::to_string(version));
   w.put(dy);
   w.put(du);
   w.put(hidden);

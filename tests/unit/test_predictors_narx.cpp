@@ -10,16 +10,18 @@
 #include <string>
 #include <vector>
 
+#include "common/state_io.hpp"
 #include "predictors/narx_exo.hpp"
 #include "predictors/narx_kernels.hpp"
 #include "predictors/predictor.hpp"
-#include "predictors/state_io.hpp"
+#include "predictors/rng.hpp"
 
 namespace {
 
+using lbbsp::StateOf;
+using lbbsp::StateReader;
+using lbbsp::StateWriter;
 using lbbsp::predictors::Rng;
-using lbbsp::predictors::StateReader;
-using lbbsp::predictors::StateWriter;
 namespace narx = lbbsp::predictors::narx;
 
 // Weights and inputs of the scale the predictor feeds the kernels (inputs normalised and clipped to +-6).
@@ -106,15 +108,15 @@ TEST(NarxExoLinearModel, LearnsALinearSpeedAndItsStateRoundTrips) {
   const double y = model.forecast(u, 50.0, 0, 1e9);
   EXPECT_NEAR(y, 68.0, 0.5);
   EXPECT_EQ(model.forecast(u, 50.0, 10, 60), 60.0);  // within the band it is given
-  StateWriter w("exo");
+  StateWriter w(StateOf::predictor, "exo");
   model.save(w);
   const std::string saved = w.str();  // StateReader keeps a reference to its input
   ExoLinearModel loaded(2, 0.98, 0.01), other_size(3, 0.98, 0.01);
-  StateReader r(saved, "exo");
+  StateReader r(StateOf::predictor, saved, "exo");
   loaded.load(r);
   r.finish();
   EXPECT_EQ(loaded.forecast(u, 50.0, 0, 1e9), y);
-  StateReader r3(saved, "exo");
+  StateReader r3(StateOf::predictor, saved, "exo");
   EXPECT_THROW(other_size.load(r3), std::invalid_argument);
 }
 
