@@ -155,16 +155,10 @@ def mp_worker(rank, world, store, ending):
     torch_worker(ending)
 
 
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def forked(jobs, world, ending, framework, folder):
     """JOBS jobs of WORLD forked ranks. A rank leaves this function only by raising SystemExit (or the job's
     exception), so that it ends as a script does: atexit handlers, then the interpreter's shutdown."""
+    from harness import free_port  # the tests' helper (tests/python on PYTHONPATH): the other modes never load it
     preload(framework)
     for job in range(jobs):
         port, pids = free_port(), []

@@ -12,13 +12,15 @@ import torch.nn.functional as F
 
 accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed (python.torch2 installs it)")
 
-from test_torch import (  # noqa: E402
+from harness import (  # noqa: E402
     assert_random5_equals_one_process,
     data,
     fixed_metrics,
+    free_port,
     make_model,
     one_process,
     read_pickle,
+    source_dir,
     synth_images,
     write_pickle,
 )
@@ -159,14 +161,11 @@ def _run(*args, cli=False, hostfile=None, processes=3):
     Python launcher; with cli=True torchrun (how Accelerate runs several CPU processes without MPI; unlike the
     Python launcher it lets the Accelerator make the process group, so its InitProcessGroupKwargs apply); with a
     hostfile `accelerate launch --cpu --num_processes P --mpirun_hostfile HOSTFILE` (Open MPI's mpirun)."""
-    import socket
     import subprocess
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, __file__]
     if cli or hostfile:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
     if cli:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "3", "--master_port", str(port),
                __file__]
@@ -272,7 +271,7 @@ def test_accelerate_compiled_model_equals_one_process(tmp_path):
 def test_example_runs_and_the_slowed_rank_gets_fewer_samples(tmp_path):
     import re
     import subprocess
-    src = os.environ.get("LBBSP_SOURCE_DIR") or os.path.join(os.path.dirname(__file__), "..", "..")
+    src = source_dir()
     data_file = tmp_path / "synth.h5"
     synth_images(data_file)
     run = subprocess.run([sys.executable, os.path.join(src, "examples", "accelerate_fmnist.py"), "--data",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ending_job import free_port  # one helper for the runner and the tests
+from harness import free_port  # one helper for the tests and ending_job.py
 
 JOB = Path(__file__).with_name("ending_job.py")
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2

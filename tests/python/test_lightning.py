@@ -4,7 +4,7 @@ logged; refused configurations raise. Runs where lightning is installed (python.
 
 The trainers here start their ranks with start_method="fork" (Lightning's ddp_fork): forked ranks inherit this
 process's imports (torch, lightning, torch._dynamo, ~6 s of CPU per spawned rank); spawned where torch sees a GPU
-(test_torch.resolved_start_method). test_example_runs and the script launcher's test start them as users do."""
+(harness.resolved_start_method). test_example_runs and the script launcher's test start them as users do."""
 
 import os
 
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 pl = pytest.importorskip("lightning.pytorch", reason="lightning is not installed (python.torch2 installs it)")
 
-from test_torch import (  # noqa: E402
+from harness import (  # noqa: E402
     CLASSES,
     assert_random5_equals_one_process,
     data,
@@ -24,6 +24,7 @@ from test_torch import (  # noqa: E402
     one_process,
     read_pickle,
     resolved_start_method,
+    source_dir,
     synth_images,
     write_pickle,
 )
@@ -251,7 +252,7 @@ def test_lightning_slowed_rank_gets_fewer_samples(tmp_path):
 def test_example_runs(tmp_path):
     import subprocess
     import sys
-    src = os.environ.get("LBBSP_SOURCE_DIR") or os.path.join(os.path.dirname(__file__), "..", "..")
+    src = source_dir()
     data_file = tmp_path / "synth.h5"
     synth_images(data_file)
     run = subprocess.run([sys.executable, os.path.join(src, "examples", "lightning_fmnist.py"), "--data",
@@ -265,8 +266,8 @@ _POPEN_SCRIPT = """
 import sys
 import lightning.pytorch as pl
 from lbbsp.lightning import LoadBalancedDDP
+from harness import fixed_metrics
 from test_lightning import Net
-from test_torch import fixed_metrics
 
 if __name__ == "__main__":  # Lightning's default launcher runs this file again for ranks 1 and 2
     strategy = LoadBalancedDDP(balancer="random:5", seed=3, monitor=fixed_metrics)  # start_method "popen"

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from test_torch import CLASSES, DIM, data, finish, init, make_model, one_process, read_pickle, spawn, write_pickle
+from harness import CLASSES, DIM, data, finish, init, make_model, one_process, read_pickle, spawn, write_pickle
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lbbsp.torch import LoadBalancer
@@ -240,7 +240,7 @@ def _cuda_worker(rank, world, store, out, mode, what):
 
 
 def run(tmp_path, mode, what, world):
-    # CUDA's ranks are spawned (a forked child cannot initialise CUDA); the stand-in's as test_torch's are.
+    # CUDA's ranks are spawned (a forked child cannot initialise CUDA); the stand-in's as the other tests' are.
     spawn(_cuda_worker, world, tmp_path, mode, what, start_method="spawn" if mode == "cuda" else "fork")
     got = [read_pickle(tmp_path / f"cuda-{what}-{r}.pkl") for r in range(world)]
     assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
