@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# tests/python/test_torch.py, test_lightning.py and test_accelerate.py on the PyTorch users run: 2.x from PyPI
+# tests/python/test_torch_*.py, test_lightning.py, test_accelerate.py and the rest of lbbsp.torch's tests (every
+# test_*.py there but the core's) on the PyTorch users run: 2.x from PyPI
 # (LBBSP_TORCH2_SPEC, default the pin below) with Lightning and Accelerate (LBBSP_FRAMEWORKS_SPEC) in a virtual
 # environment of its own, without Debian's 1.13 (no system site packages). The environment is built
 # once per spec (~1.5 min, ~5.5 GB with the CUDA libraries PyPI's torch depends on) in LBBSP_TORCH2_VENV (default
@@ -43,6 +44,10 @@ fi
 cd "$SCRATCH"
 # One test per core at a time (pytest-xdist): most of a test's time is its ranks starting and waiting on each
 # other, and none races the clock (docs/testing.md).
-LBBSP_BIN=$LBBSP "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "$(nproc)" "$SRC/tests/python/test_torch.py" \
-  "$SRC/tests/python/test_torch_cuda.py" "$SRC/tests/python/test_lightning.py" "$SRC/tests/python/test_accelerate.py" \
-  "$SRC/tests/python/test_endings.py"
+# Every tests/python/test_*.py but the core's (test_package.py, test_replay.py: python.package runs them), by its
+# path in the tree: pytest puts tests/python on sys.path, where the test modules find harness.py.
+tests=()
+for f in "$SRC"/tests/python/test_*.py; do
+  case ${f##*/} in test_package.py | test_replay.py) ;; *) tests+=("$f") ;; esac
+done
+LBBSP_BIN=$LBBSP "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "$(nproc)" "${tests[@]}"

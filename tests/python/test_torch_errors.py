@@ -1,0 +1,388 @@
+"""lbbsp.torch's errors, warnings and hangs on real gloo process groups: bad arguments and ranks built unlike
+each other raise on every rank, init_process_group missing, a hung rank named by the others' timeout, an exception
+on one rank ending all with it named, a rank using another batch vector named (by its global rank in a subgroup),
+only collective errors taken for a hung peer, init_from_env's timeout, and the warnings for plain BatchNorm and
+an unscaled mean loss. The shared harness is harness.py."""
+
+import datetime
+import gc
+import os
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from harness import (
+    CLASSES,
+    DIM,
+    TORCH2,
+    N,
+    data,
+    dump_rank,
+    finish,
+    fixed_metrics,
+    init,
+    load_ranks,
+    make_model,
+    read_pickle,
+    resolved_start_method,
+    spawn,
+    write_pickle,
+)
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from lbbsp.torch import LoadBalancer
+
+# ---- bad arguments: a clear exception on every rank ----
+
+
+def _bad_args_worker(rank, world, store, out):
+    init(rank, world, store)
+    cases = {
+        "balancer": dict(dataset_size=100, global_batch=10, balancer="fastest"),
+        "predictor": dict(dataset_size=100, global_batch=10, predictor="prophet"),
+        "global_batch": dict(dataset_size=100, global_batch=0),
+        "too_big": dict(dataset_size=100, global_batch=200),
+        "lag": dict(dataset_size=100, global_batch=10, lag=-1),
+        "timeout": dict(dataset_size=100, global_batch=10, timeout_s=0),
+        "timeout_bool": dict(dataset_size=100, global_batch=10, timeout_s=True),
+        "model": dict(dataset_size=100, global_batch=10, model=torch.nn.Linear(2, 2)),
+    }
+    if TORCH2:  # FSDP on the CPU, both APIs where there are two (fully_shard: PyTorch 2.6 and later)
+        from torch.distributed import fsdp
+        cases["fsdp1"] = dict(dataset_size=100, global_batch=10, model=fsdp.FullyShardedDataParallel(
+            torch.nn.Linear(2, 2), device_id=torch.device("cpu")))
+        if hasattr(fsdp, "fully_shard"):
+            cases["fsdp2"] = dict(dataset_size=100, global_batch=10, model=fsdp.fully_shard(torch.nn.Linear(2, 2)))
+    hooked = DDP(make_model())  # a hook of the user's already there: DDP takes one
+    hooked.register_comm_hook(None, lambda state, bucket: dist.all_reduce(bucket.buffer(), async_op=True)
+                              .get_future().then(lambda f: f.value()[0]))
+    cases["hooked"] = dict(dataset_size=100, global_batch=10, model=hooked)
+    messages = {}
+    for name, kw in cases.items():
+        model = kw.pop("model", None)
+        try:
+            LoadBalancer(model, **kw)
+            messages[name] = "no error"
+        except (ValueError, TypeError, RuntimeError) as e:
+            messages[name] = f"{type(e).__name__}: {e}"
+    lb = LoadBalancer(None, dataset_size=100, global_batch=10, monitor=fixed_metrics)
+    messages["default_timeout_s"] = lb.timeout_s
+    try:
+        lb.indices(0, 10)
+    except ValueError as e:
+        messages["step"] = str(e)
+    write_pickle(os.path.join(out, f"bad-{rank}.pkl"), messages)
+    finish()
+
+
+def test_bad_arguments_raise_on_every_rank(tmp_path):
+    spawn(_bad_args_worker, 2, tmp_path)
+    m0, m1 = (read_pickle(tmp_path / f"bad-{r}.pkl") for r in range(2))
+    assert m0 == m1
+    assert "unknown balancer 'fastest'" in m0["balancer"]
+    assert "unknown predictor 'prophet'" in m0["predictor"]
+    assert "global_batch must be >= 1" in m0["global_batch"]
+    assert "exceeds dataset_size" in m0["too_big"]
+    assert "lag must be >= 0" in m0["lag"]
+    assert "timeout_s must be a positive" in m0["timeout"] and "timeout_s must be" in m0["timeout_bool"]
+    # By default a long phase on one rank between steps may last as long as a PyTorch collective may wait.
+    assert m0["default_timeout_s"] == dist.default_pg_timeout.total_seconds() == 1800.0
+    assert "must be a DistributedDataParallel" in m0["model"]
+    assert m0["hooked"].startswith("RuntimeError: LoadBalancer: the model already has a communication hook"), \
+        m0["hooked"]
+    assert "fsdp1" in m0 or not TORCH2
+    for fsdp in [k for k in m0 if k.startswith("fsdp")]:
+        assert m0[fsdp].startswith("TypeError: LoadBalancer: FSDP (FullyShardedDataParallel, fully_shard) is not "
+                                   "supported"), m0[fsdp]
+    assert "past the epoch's 10 steps" in m0["step"]
+
+
+def _mismatch_worker(rank, world, store, out):
+    init(rank, world, store)
+    pair = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]  # every process enters every new_group
+    cases = {  # each a LoadBalancer's arguments on this rank
+        "shard": dict(model=None, dataset_size=N // 4 if rank == 1 else N, global_batch=24),  # a shard's length
+        "seed": dict(model=None, dataset_size=N, global_batch=24, seed=rank),
+        "model_group": dict(model=DDP(make_model()), dataset_size=N, global_batch=24, process_group=pair),
+    }
+    on_some = DDP(make_model())  # built by every process (a collective), handed over by ranks 1-3 only
+    cases["model_on_some"] = dict(model=on_some if rank else None, dataset_size=N, global_batch=24)
+    messages = {}
+    for name, kwargs in cases.items():
+        try:
+            LoadBalancer(monitor=fixed_metrics, timeout_s=30, **kwargs)
+            messages[name] = "built"
+        except ValueError as e:
+            messages[name] = str(e)
+    dump_rank(out, "mismatch", rank, messages)
+    finish()
+
+
+def test_ranks_built_alike_or_every_rank_raises(tmp_path):
+    spawn(_mismatch_worker, 4, tmp_path)
+    got = load_ranks(tmp_path, "mismatch", 4)
+    assert got[0] == got[1] and got[2] == got[3], "the ranks of one group said different things"
+    m = got[0]
+    same = [{k: v for k, v in g.items() if k != "model_group"} for g in (m, got[2])]  # that one names the pair
+    assert same[0] == same[1]
+    assert m["shard"].startswith("LoadBalancer: the ranks were built with different dataset_size: 240 on ranks 0, "
+                                 "2, 3; 60 on rank 1. Every rank must pass the same dataset_size (the whole "
+                                 "dataset's size"), m["shard"]
+    assert "different seed: 0 on rank 0; 1 on rank 1; 2 on rank 2; 3 on rank 3" in m["seed"], m["seed"]
+    assert m["model_group"].startswith("LoadBalancer: the DDP model reduces its gradients over ranks [0, 1, 2, 3] "
+                                       "but process_group balances over ranks [0, 1]"), m["model_group"]
+    assert "balances over ranks [2, 3]" in got[2]["model_group"]
+    assert "different model: None on rank 0; 'DistributedDataParallel' on ranks 1, 2, 3" in m["model_on_some"], \
+        m["model_on_some"]
+
+
+def test_needs_init_process_group():
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        LoadBalancer(None, dataset_size=100, global_batch=10)
+
+
+# ---- a hung rank: the others stop with an error naming it ----
+
+
+def _hang_worker(rank, world, store, out):
+    init(rank, world, store)
+    lb = LoadBalancer(None, dataset_size=1000, global_batch=30, balancer="bsp", timeout_s=4, monitor=fixed_metrics)
+    t0 = time.time()
+    try:
+        for g in range(10):
+            if rank == 2 and g == 3:
+                time.sleep(60)  # hangs past every timeout; the test ends it
+            lb.record_compute(1e-3)
+            lb.step()
+        result = "finished"
+    except RuntimeError as e:
+        result = str(e)
+    write_pickle(os.path.join(out, f"hang-{rank}.pkl"), (result, time.time() - t0))
+    os._exit(0)  # no destroy_process_group: the hung rank never joins
+
+
+def test_hung_rank_is_named_and_others_stop(tmp_path):
+    ctx = mp.get_context(resolved_start_method())  # as spawn() does
+    store = tmp_path / "store-hang"
+    procs = [ctx.Process(target=_hang_worker, args=(r, 3, str(store), str(tmp_path))) for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs[:2]:
+        p.join(timeout=90)
+    procs[2].kill()
+    procs[2].join()
+    for r in range(2):
+        assert (tmp_path / f"hang-{r}.pkl").exists(), f"rank {r} did not stop"
+        msg, took = read_pickle(tmp_path / f"hang-{r}.pkl")
+        assert msg.startswith("LoadBalancer: step 3"), msg
+        assert took < 60, f"rank {r} took {took:.0f} s"
+    for r in range(2):  # every rank that answers hears the same verdict
+        msg = read_pickle(tmp_path / f"hang-{r}.pkl")[0]
+        assert "not answering: rank 2 (" in msg, msg
+
+
+# ---- BatchNorm: a warning once when plain BatchNorm meets uneven sizes ----
+
+
+def _batchnorm_worker(rank, world, store, out):
+    init(rank, world, store)
+    x, y = data()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(DIM, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, CLASSES)).double()
+    counts = {}
+    # SyncBatchNorm needs a GPU in DDP: the silent case here is plain BatchNorm with equal sizes (bsp).
+    for name, balancer in (("uneven", "random:3"), ("equal", "bsp")):
+        lb = LoadBalancer(DDP(net), dataset_size=N, global_batch=24, balancer=balancer, seed=1, min_batch=2,
+                          monitor=fixed_metrics)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for g in range(4):
+                lb.indices(0, g)
+                lb.record_compute(1e-3)
+                lb.step()
+        counts[name] = [str(w.message) for w in caught if "BatchNorm" in str(w.message)]
+    write_pickle(os.path.join(out, f"bn-{rank}.pkl"), counts)
+    finish()
+
+
+def test_plain_batchnorm_warns_once(tmp_path):
+    spawn(_batchnorm_worker, 2, tmp_path)
+    for r in range(2):
+        counts = read_pickle(tmp_path / f"bn-{r}.pkl")
+        assert len(counts["uneven"]) == 1 and "SyncBatchNorm" in counts["uneven"][0], counts
+        assert counts["equal"] == [], counts
+
+
+# ---- the common mistake, an unscaled mean loss, warns; timed() is deprecated ----
+
+
+def _loss_check_worker(rank, world, store, out):
+    import warnings
+    init(rank, world, store)
+    x, y = data()
+    result = {}
+    for name in ("unscaled", "scaled", "sum", "opted_out"):
+        model = lb = None
+        gc.collect()  # the previous pair and its process groups go here, in this thread, not in a gloo callback's
+        model = DDP(make_model())
+        lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:2", seed=1,
+                          monitor=fixed_metrics, check_loss=name != "opted_out")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for g in range(3):
+                idx = torch.from_numpy(lb.indices(0, g))
+                if name == "scaled":
+                    loss = lb.scale(F.cross_entropy(model(x[idx]), y[idx]))
+                elif name == "sum":
+                    loss = lb.scale(F.cross_entropy(model(x[idx]), y[idx], reduction="sum"), reduction="sum")
+                elif name == "opted_out":
+                    loss = F.cross_entropy(model(x[idx]), y[idx], reduction="sum") / lb.global_batch
+                else:
+                    loss = F.cross_entropy(model(x[idx]), y[idx])  # the mistake
+                loss.backward()
+                lb.step()
+            with lb.timed():
+                pass
+        result[name] = [str(w.message) for w in caught if "lb.scale" in str(w.message)]
+        result[name + "-timed"] = [w.category.__name__ for w in caught if "timed()" in str(w.message)]
+    try:
+        lb.scale(torch.zeros(3))
+        result["vector"] = "no error"
+    except ValueError as e:
+        result["vector"] = str(e)
+    lb = None  # dropped while its model trains on: the hook stays and still sums
+    gc.collect()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            F.cross_entropy(model(x[:8]), y[:8]).backward()
+    result["dropped"] = [str(w.message) for w in caught if "LoadBalancer" in str(w.message)]
+    write_pickle(os.path.join(out, f"loss-{rank}.pkl"), result)
+    finish()
+
+
+def test_unscaled_mean_loss_warns_once(tmp_path):
+    spawn(_loss_check_worker, 2, tmp_path)
+    for r in range(2):
+        got = read_pickle(tmp_path / f"loss-{r}.pkl")
+        assert len(got["unscaled"]) == 1 and "reduction='mean'" in got["unscaled"][0], got
+        assert got["scaled"] == got["sum"] == got["opted_out"] == [], got
+        assert got["scaled-timed"] == ["DeprecationWarning"], got
+        assert "must be a scalar tensor" in got["vector"], got
+        assert len(got["dropped"]) == 1 and "LoadBalancer is gone" in got["dropped"][0], got["dropped"]
+
+
+# ---- an exception on a non-zero rank in step() ends every rank, naming it ----
+
+
+def _failing_worker(rank, world, store, out, lag):
+    init(rank, world, store)
+    calls = [0]
+
+    def monitor():
+        calls[0] += 1
+        if rank == 2 and calls[0] == 4:
+            raise OSError("sensor exploded")
+        return [1.0, 0.5, 0.0]
+
+    lb = LoadBalancer(None, dataset_size=1000, global_batch=30, balancer="lbbsp-cpu", timeout_s=20,
+                      monitor=monitor, lag=lag)
+    t0 = time.time()
+    result = "finished"
+    try:
+        for _g in range(10):
+            lb.record_compute(1e-3)
+            lb.step()
+    except RuntimeError as e:
+        result = str(e)
+    took = time.time() - t0
+    dist.barrier()  # every process stays alive until all have their answer: no rank ends by another's death
+    write_pickle(os.path.join(out, f"fail-{lag}-{rank}.pkl"), (result, took))
+    finish()
+
+
+@pytest.mark.parametrize("lag", [0, 2])  # with lag >= 1 step 3 is decided after later steps' reports were built
+def test_error_on_nonzero_rank_ends_every_rank_naming_it(tmp_path, lag):
+    spawn(_failing_worker, 3, tmp_path, lag)
+    for r in range(3):
+        msg, took = read_pickle(tmp_path / f"fail-{lag}-{r}.pkl")
+        expected = "LoadBalancer: step 3: rank 2 failed in its report: rank 2: OSError: sensor exploded"
+        assert msg.startswith(expected), msg
+        assert took < 20, f"rank {r} took {took:.1f} s, more than timeout_s"
+
+
+# ---- init_from_env keeps PyTorch's default timeout unless asked ----
+
+
+def test_init_from_env_keeps_default_timeout(monkeypatch):
+    import lbbsp.torch as lt
+    calls = []
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: calls.append(kw))
+    for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1"),
+                 ("MASTER_PORT", "29999")):
+        monkeypatch.setenv(k, v)
+    assert lt.init_from_env(backend="gloo") == 0
+    assert "timeout" not in calls[-1], calls
+    lt.init_from_env(backend="gloo", timeout_s=42)
+    assert calls[-1]["timeout"] == datetime.timedelta(seconds=42)
+    with pytest.raises(ValueError, match="timeout_s must be a positive"):
+        lt.init_from_env(backend="gloo", timeout_s=0)
+
+
+# ---- a rank that uses another batch vector is named on every rank ----
+
+
+def _diverged_worker(rank, world, store, out, odd=1):
+    init(rank, world, store)
+    group = None
+    if world == 4:  # data-parallel pairs [0, 1] and [2, 3]: messages name global ranks
+        group = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+    lb = LoadBalancer(None, dataset_size=1000, global_batch=30, balancer="bsp", monitor=fixed_metrics,
+                      process_group=group)
+    result = "finished"
+    try:
+        for g in range(8):
+            if rank == odd and g == 4:  # this rank's sizes drift from the others'
+                lb._sizes[g] = lb._sizes[g] + np.eye(lb.world_size, dtype=np.int64)[0] - np.eye(
+                    lb.world_size, dtype=np.int64)[-1]
+            lb.indices(0, g)
+            lb.record_compute(1e-3)
+            lb.step()
+    except RuntimeError as e:
+        result = str(e)
+    write_pickle(os.path.join(out, f"diverged-{rank}.pkl"), result)
+    finish()
+
+
+def test_ranks_using_another_batch_vector_are_named(tmp_path):
+    spawn(_diverged_worker, 3, tmp_path)
+    for r in range(3):
+        msg = read_pickle(tmp_path / f"diverged-{r}.pkl")
+        assert msg.startswith("LoadBalancer: step 4: the ranks used different batch vectors: ranks 0, 2 "), msg
+        assert "; rank 1 (checksum" in msg, msg
+
+
+def test_ranks_are_named_by_their_global_rank_in_a_subgroup(tmp_path):
+    spawn(_diverged_worker, 4, tmp_path, 3)
+    msgs = load_ranks(tmp_path, "diverged", 4)
+    assert msgs[:2] == ["finished", "finished"], msgs
+    for msg in msgs[2:]:
+        assert msg.startswith("LoadBalancer: step 4: the ranks used different batch vectors: rank 2 (checksum "), msg
+        assert "; rank 3 (checksum" in msg, msg
+
+
+def test_only_collective_errors_are_taken_for_a_hung_peer():
+    from lbbsp.torch.exchange import is_collective_error
+    gloo = RuntimeError("Got the following error when running the callback: RuntimeError: [../third_party/gloo/gloo/"
+                        "transport/tcp/unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation to complete")
+    assert is_collective_error(gloo)
+    assert is_collective_error(RuntimeError("[pair.cc:561] Connection closed by peer [127.0.0.1]:54164"))
+    # the user's own mistakes in backward are re-raised as they are, not blamed on other ranks
+    assert not is_collective_error(RuntimeError("element 0 of tensors does not require grad and does not have a "
+                                                "grad_fn"))
+    assert not is_collective_error(ValueError("timed out"))

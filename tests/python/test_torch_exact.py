@@ -1,0 +1,337 @@
+"""lbbsp.torch is exact on real gloo process groups (torch.multiprocessing, one thread per rank): every rank's
+parameters equal one process's on the same global batches, with the sizes agreed on by every rank and 0-sample
+ranks among them: a summed loss through the comm hook (2 to 16 ranks, the reports riding in the last gradient
+bucket or all-gathered, lag 2, DDP's options, one rank, torch.compile), a mean loss with an L2 term through
+lb.scale, data-parallel subgroups, gradient accumulation under no_sync and the sampler's micro-batches; bf16
+autocast with a skipped non-finite step alike on every rank. The shared harness is harness.py."""
+
+import contextlib
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from harness import (
+    CLASSES,
+    DIM,
+    N,
+    assert_equal_to_one_process,
+    data,
+    finish,
+    fixed_metrics,
+    flat_params,
+    init,
+    make_model,
+    one_process,
+    read_pickle,
+    spawn,
+    sum_of_squares,
+    write_pickle,
+)
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import lbbsp
+from lbbsp.torch import LoadBalancer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_reports_riding_in_a_gradient_bucket_are_exact(dtype):
+    """The report block appended to the last bucket: summed over 3 ranks it gives every report back exactly,
+    the CRC-32 included (two 16-bit halves: float32 holds integers to 2^24)."""
+    from lbbsp.torch.exchange import CHECKSUM, REPORT, read_rows, write_row
+    reports = np.array([[r * 100 + k + 0.25 for k in range(REPORT)] for r in range(3)])
+    reports[:, CHECKSUM] = [0xFFFFFFFF, 0x80000001, 12345]
+    blocks = [torch.full((3, REPORT + 1), 7.0, dtype=dtype) for _ in range(3)]  # stale values: write_row zeros them
+    for r, block in enumerate(blocks):
+        write_row(block.numpy(), r, reports[r])
+    summed = sum(blocks)
+    assert summed.dtype == dtype
+    np.testing.assert_array_equal(read_rows(summed.numpy()), reports)
+
+
+# ---- exactness: DDP + SUM hook == one process on the same global batches ----
+
+
+def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, lag=0, compile_backend=None,
+                  ddp_options=None):
+    init(rank, world, store)
+    if not piggyback:  # the reports in the control group's all-gather, as for a large or half-precision bucket
+        lbbsp.torch.exchange.ReportExchange.PIGGYBACK_MAX_BYTES = 0
+    x, y = data()
+    model = DDP(make_model(), **(ddp_options or {}))
+    lb = LoadBalancer(model, dataset_size=N, global_batch=global_batch, balancer="random:5", seed=3,
+                      monitor=fixed_metrics, lag=lag)
+    forward = model if compile_backend is None else torch.compile(model, backend=compile_backend)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sizes = []
+    for g in range(steps):
+        epoch, step = divmod(g, lb.steps_per_epoch)
+        idx = torch.from_numpy(lb.indices(epoch, step))
+        sizes.append(lb.batch_sizes.tolist())
+        loss = lb.scale(F.cross_entropy(forward(x[idx]), y[idx], reduction="sum"), reduction="sum")
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
+    np.save(os.path.join(out, f"exact-{world}-{rank}.npy"), params)
+    # Which way the reports travelled, and how many piggyback buffers that took (reused once read).
+    paths = {"rides": lb._exchange.rides, "gathers": lb._exchange.gathers, "buffers": lb._exchange.buffers_made}
+    if compile_backend is not None:  # frames dynamo compiled (else the model ran eagerly and proved nothing)
+        paths["compiled"] = torch._dynamo.utils.counters["frames"]["ok"]
+    write_pickle(os.path.join(out, f"sizes-{world}-{rank}.pkl"), (sizes, paths))
+    finish()
+
+
+@pytest.mark.parametrize("world, piggyback, lag", [(2, True, 0), (3, True, 0), (4, True, 0), (16, True, 0),
+                                                   (3, False, 0), (3, True, 2)])
+def test_exact_against_one_process(tmp_path, world, piggyback, lag):
+    """Every rank's parameters equal one process's, the sizes agree; with lag 2 too (reports taken as they
+    arrive, the decision two steps ahead)."""
+    steps, X = 20, 24  # 10 steps per epoch: two epochs
+    spawn(_exact_worker, world, tmp_path, steps, X, piggyback, lag)
+    ref = one_process(steps, X)
+    got = [read_pickle(tmp_path / f"sizes-{world}-{r}.pkl") for r in range(world)]
+    sizes, paths = [g[0] for g in got], [g[1] for g in got]
+    # Every step's reports went the way asked: a silent fall-back to the all-gather would cost a collective.
+    want = {"rides": steps, "gathers": 0} if piggyback else {"rides": 0, "gathers": steps}
+    assert all({k: p[k] for k in want} == want for p in paths), paths
+    # The piggyback buffer is reused, not made each step: one, and one more when DDP rebuilds its buckets after
+    # step 0 (with DDP a ride has arrived when backward() returns, so step() reads it and frees its buffer).
+    assert all(p["buffers"] <= (2 if piggyback else 0) for p in paths), paths
+    assert all(s == sizes[0] for s in sizes), "ranks disagree on the batch sizes"
+    flat = np.array(sizes[0])
+    assert (flat.sum(axis=1) == X).all()
+    assert (flat == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
+    assert len({tuple(r) for r in flat.tolist()}) > 5, "the split hardly changed"
+    assert_equal_to_one_process(ref, [tmp_path / f"exact-{world}-{r}.npy" for r in range(world)])
+
+
+@pytest.mark.parametrize("options", [dict(gradient_as_bucket_view=True), dict(static_graph=True),
+                                     dict(find_unused_parameters=True), dict(bucket_cap_mb=0.0001)],
+                         ids=["bucket_view", "static_graph", "find_unused", "tiny_buckets"])
+def test_ddp_options_keep_exactness(tmp_path, options):
+    """DDP's options that users set (gradients as views of the buckets, a static graph, unused parameters searched,
+    a bucket per parameter): the hook sees every bucket, the report rides in the last one, exact."""
+    spawn(_exact_worker, 3, tmp_path, 20, 24, True, 0, None, options)
+    got = [read_pickle(tmp_path / f"sizes-3-{r}.pkl") for r in range(3)]
+    assert all(g[1]["rides"] == 20 and g[1]["gathers"] == 0 for g in got), [g[1] for g in got]
+    assert all(g[0] == got[0][0] for g in got), "ranks disagree on the batch sizes"
+    assert_equal_to_one_process(one_process(20, 24), [tmp_path / f"exact-3-{r}.npy" for r in range(3)])
+
+
+def test_one_rank_is_one_process(tmp_path):
+    """torchrun --nproc_per_node 1 (a first try, a debug run): the whole batch, the report riding, exact."""
+    spawn(_exact_worker, 1, tmp_path, 20, 24)
+    sizes, paths = read_pickle(tmp_path / "sizes-1-0.pkl")
+    assert sizes == [[24]] * 20 and paths["rides"] == 20, (sizes, paths)
+    assert_equal_to_one_process(one_process(20, 24), [tmp_path / "exact-1-0.npy"])
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile is PyTorch 2.x (python.torch2 runs this)")
+def test_compiled_model_is_exact(tmp_path):
+    """torch.compile over the DDP model (dynamo splits its graph at DDP's buckets; the batch size changes every
+    step): the hook still sees every bucket, the reports ride in the last one, every rank equals one process."""
+    steps, X = 20, 24
+    spawn(_exact_worker, 3, tmp_path, steps, X, True, 0, "aot_eager")
+    got = [read_pickle(tmp_path / f"sizes-3-{r}.pkl") for r in range(3)]
+    assert all(g[1]["rides"] == steps and g[1]["gathers"] == 0 and g[1]["compiled"] > 0 for g in got), \
+        [g[1] for g in got]
+    assert all(g[0] == got[0][0] for g in got), "ranks disagree on the batch sizes"
+    assert len({tuple(r) for r in got[0][0]}) > 5, "the split hardly changed"
+    assert_equal_to_one_process(one_process(steps, X), [tmp_path / f"exact-3-{r}.npy" for r in range(3)])
+
+
+# ---- a mean-reduced loss through lb.scale (with an L2 term inside) equals one process ----
+
+L2 = 1e-2
+
+
+def _mean_worker(rank, world, store, out, steps, global_batch):
+    init(rank, world, store)
+    x, y = data()
+    model = DDP(make_model())
+    lb = LoadBalancer(model, dataset_size=N, global_batch=global_batch, balancer="random:5", seed=3,
+                      monitor=fixed_metrics)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sizes = []
+    for g in range(steps):
+        idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+        sizes.append(lb.batch_sizes.tolist())
+        loss = lb.scale(F.cross_entropy(model(x[idx]), y[idx]) + L2 * sum_of_squares(model.module))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
+    np.save(os.path.join(out, f"mean-{rank}.npy"), params)
+    write_pickle(os.path.join(out, f"mean-sizes-{rank}.pkl"), sizes)
+    finish()
+
+
+def test_scaled_mean_loss_with_l2_equals_one_process(tmp_path):
+    world, steps, X = 3, 20, 24
+    spawn(_mean_worker, world, tmp_path, steps, X)
+    sizes = np.array(read_pickle(tmp_path / "mean-sizes-0.pkl"))
+    assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
+    ref = one_process(steps, X, l2=L2, mean=True)
+    assert_equal_to_one_process(ref, [tmp_path / f"mean-{r}.npy" for r in range(world)])
+
+
+# ---- data-parallel subgroups: 4 processes as 2 groups of 2, each balanced on its own ----
+
+
+def _subgroup_worker(rank, world, store, out, steps):
+    init(rank, world, store)
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every process enters every new_group
+    mine = groups[rank // 2]
+    x, y = data()
+    model = DDP(make_model(), process_group=mine)
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer=f"random:{5 + rank // 2}", seed=3,
+                      process_group=mine, monitor=fixed_metrics)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sizes = []
+    for g in range(steps):
+        idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+        sizes.append(lb.batch_sizes.tolist())
+        lb.scale(F.cross_entropy(model(x[idx]), y[idx], reduction="sum"), reduction="sum").backward()
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    np.save(os.path.join(out, f"sub-{rank}.npy"), flat_params(model.module))
+    write_pickle(os.path.join(out, f"sub-{rank}.pkl"), (lb.rank, lb.world_size, sizes))
+    finish()
+
+
+def test_data_parallel_subgroups_balance_on_their_own(tmp_path):
+    spawn(_subgroup_worker, 4, tmp_path, 12)
+    got = [read_pickle(tmp_path / f"sub-{r}.pkl") for r in range(4)]
+    assert [(g[0], g[1]) for g in got] == [(0, 2), (1, 2), (0, 2), (1, 2)]
+    assert got[0][2] == got[1][2] and got[2][2] == got[3][2], "ranks of one group disagree on the sizes"
+    assert got[0][2] != got[2][2], "the two groups were not balanced apart (random:5 and random:6)"
+    assert all(sum(s) == 24 for g in got for s in g[2])
+    assert_equal_to_one_process(one_process(12, 24), [tmp_path / f"sub-{r}.npy" for r in range(4)])
+
+
+# ---- gradient accumulation: micro-batches of the rank's slice under no_sync equal one process ----
+
+
+def _accumulate_worker(rank, world, store, out, steps):
+    init(rank, world, store)
+    x, y = data()
+    model = DDP(make_model())
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=3, monitor=fixed_metrics)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for g in range(steps):
+        idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+        chunks = [idx[:len(idx) // 2], idx[len(idx) // 2:]]  # two micro-batches, either possibly empty
+        with model.no_sync():
+            lb.scale(F.cross_entropy(model(x[chunks[0]]), y[chunks[0]]), count=len(chunks[0])).backward()
+        lb.scale(F.cross_entropy(model(x[chunks[1]]), y[chunks[1]]), count=len(chunks[1])).backward()
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    try:  # the same without count: each micro-batch's mean weighted by the whole slice, refused
+        with model.no_sync():
+            lb.scale(F.cross_entropy(model(x[:2]), y[:2]))
+        wrong = None
+    except ValueError as e:
+        wrong = str(e)
+    assert wrong is not None and "no_sync()" in wrong and "count=len(y)" in wrong, wrong
+    np.save(os.path.join(out, f"acc-{rank}.npy"), flat_params(model.module))
+    finish()
+
+
+def test_gradient_accumulation_with_no_sync_equals_one_process(tmp_path):
+    spawn(_accumulate_worker, 3, tmp_path, 20)
+    assert_equal_to_one_process(one_process(20, 24, mean=True), [tmp_path / f"acc-{r}.npy" for r in range(3)])
+
+
+def _micro_worker(rank, world, store, out, steps):
+    init(rank, world, store)
+    x, y = data()
+    model = DDP(make_model())
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=3, monitor=fixed_metrics,
+                      micro_batches=3)
+    loader = lb.data_loader(torch.utils.data.TensorDataset(x, y))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    seen = []
+    for _epoch in range(2):
+        for i, (xb, yb) in enumerate(loader):
+            seen.append(len(yb))
+            last = i % lb.micro_batches == lb.micro_batches - 1
+            with contextlib.nullcontext() if last else model.no_sync():
+                lb.scale(F.cross_entropy(model(xb), yb)).backward()  # the micro-batch's mean, weighted by its size
+            if last:
+                opt.step()
+                opt.zero_grad()
+                lb.step()
+    wrong = None
+    try:  # a step whose scale() calls do not match micro_batches ends with an error on every rank
+        xb, yb = x[:2], y[:2]
+        with model.no_sync():
+            lb.scale(F.cross_entropy(model(xb), yb)).backward()
+        lb.step()
+    except RuntimeError as e:
+        wrong = str(e)
+    np.save(os.path.join(out, f"micro-{rank}.npy"), flat_params(model.module))
+    write_pickle(os.path.join(out, f"micro-{rank}.pkl"), (seen, wrong))
+    finish()
+
+
+def test_micro_batches_from_the_sampler_equal_one_process(tmp_path):
+    spawn(_micro_worker, 3, tmp_path, 20)
+    assert_equal_to_one_process(one_process(20, 24, mean=True), [tmp_path / f"micro-{r}.npy" for r in range(3)])
+    got = [read_pickle(tmp_path / f"micro-{r}.pkl") for r in range(3)]
+    assert all(len(seen) == 60 for seen, _ in got), [len(seen) for seen, _ in got]  # 20 steps x 3 micro-batches
+    totals = np.add.reduceat(np.array([seen for seen, _ in got]), np.arange(0, 60, 3), axis=1).sum(axis=0)
+    assert (totals == 24).all(), totals
+    for r, (_, wrong) in enumerate(got):
+        assert wrong is not None and "called 1 times for micro_batches=3" in wrong, (r, wrong)
+        assert "rank 0" in wrong or "ranks 0" in wrong, (r, wrong)
+
+
+# ---- bf16 autocast with GradScaler-style skipping of non-finite steps: the same on every rank ----
+
+
+def _autocast_worker(rank, world, store, out, steps):
+    init(rank, world, store)
+    g = np.random.default_rng(2)
+    x = torch.from_numpy(g.normal(size=(N, DIM))).float()
+    y = x[:, :CLASSES].argmax(1)  # learnable: the loss must fall
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(DIM, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES))
+    model = DDP(net)
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=3, monitor=fixed_metrics)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    losses, skipped, sizes = [], [], []
+    for step in range(steps):
+        idx = torch.from_numpy(lb.indices(*divmod(step, lb.steps_per_epoch)))
+        sizes.append(lb.batch_sizes.tolist())
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+        if step == 5 and rank == int(np.argmax(lb.batch_sizes)):
+            loss = loss * float("inf")  # an overflow on one rank (one with samples): after the SUM all see it
+        lb.scale(loss.float()).backward()
+        finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters())
+        if finite:
+            opt.step()
+        else:
+            skipped.append(step)
+        opt.zero_grad()
+        lb.step()
+        with torch.no_grad():
+            losses.append(float(F.cross_entropy(model(x), y)))
+    write_pickle(os.path.join(out, f"amp-{rank}.pkl"), (losses, skipped, sizes))
+    finish()
+
+
+def test_bf16_autocast_and_skipped_steps_agree_on_every_rank(tmp_path):
+    spawn(_autocast_worker, 3, tmp_path, 30)
+    got = [read_pickle(tmp_path / f"amp-{r}.pkl") for r in range(3)]
+    assert all(s[1] == [5] for s in got), [s[1] for s in got]
+    assert all(s[2] == got[0][2] for s in got), "the ranks' batch sizes differ"
+    losses = got[0][0]
+    assert np.mean(losses[-3:]) < 0.7 * np.mean(losses[:3]), losses
