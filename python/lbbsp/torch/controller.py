@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import lbbsp
 
-from . import ddp
+from . import ddp, fsdp
 from ._util import _positive_int
 from .clock import DeviceClock, HostClock
 from .exchange import ReportExchange, group_ranks
@@ -30,9 +30,10 @@ class LoadBalancer:
 
     Args:
         model: the ``DistributedDataParallel`` model (its gradients get the SUM hook, which also times the step's
-            wait in the gradient allreduce; plain BatchNorm layers get a warning once sizes differ), or None to
-            register no hook (sum the gradients yourself; the step is then timed from step() to step()). FSDP
-            models are refused (TypeError; docs/torch.md, FSDP).
+            wait in the gradient allreduce; plain BatchNorm layers get a warning once sizes differ); or a module
+            with ``fully_shard`` applied (FSDP2 or HSDP: the reductions become SUMs and the wait in every
+            all-gather and reduce-scatter is timed; docs/fsdp.md); or None to register no hook (sum the gradients
+            yourself; the step is then timed from step() to step()). FSDP1 is refused (TypeError).
         dataset_size: training samples n; an epoch is ``n // global_batch`` steps of the seeded permutation.
         global_batch: samples per step over all ranks (X).
         balancer, predictor, seed, min_batch: as for ``lbbsp train`` (``bsp``, ``static[:K]``, ``random:SEED``,
@@ -117,7 +118,7 @@ class LoadBalancer:
         # Seconds this rank spent in step() ("step_s"), blocked there waiting for reports ("wait_s") and
         # deciding ("decide_s", the same work on every rank).
         self.timing = {"step_s": 0.0, "wait_s": 0.0, "decide_s": 0.0}
-        ddp.check_model(model)
+        self._sharded = _check_model(model)
         self._check_same_everywhere(model, balancer, predictor, min_batch, lag)
         self._model = model
         self._plain_bn = model is not None and any(
@@ -131,20 +132,28 @@ class LoadBalancer:
         self.clock = DeviceClock(first.device) if on_device else HostClock()
         #: the memory figures on CUDA (lbbsp.torch.memory), None on the CPU
         self.memory = DeviceMemory(first.device) if on_device else None
-        if model is not None:
+        if self._sharded:
+            fsdp.attach(self, model, check_rows=check_loss)
+        elif model is not None:
             ddp.attach(self, model, check_rows=check_loss)
 
     def _check_same_everywhere(self, model: Optional[torch.nn.Module], balancer: str, predictor: str,
                                min_batch: int, lag: Optional[int]) -> None:
         """One all-gather at construction: settings that differ by rank would cut other samples (or sum the
         gradients over other ranks) while every rank's sizes still agree."""
-        model_ranks = ddp.model_ranks(model, self._ranks)
+        model_ranks = fsdp.model_ranks(model) if self._sharded else ddp.model_ranks(model, self._ranks)
+        balanced = sorted(self._ranks) if self._sharded else self._ranks  # a mesh's ranks, in any order
         self.exchange.check_same({
             "dataset_size": self.dataset_size, "global_batch": self.global_batch, "seed": self.seed,
             "balancer": balancer, "predictor": predictor, "min_batch": min_batch, "lag": lag,
             "micro_batches": self.micro_batches, "model": type(model).__name__ if model is not None else None,
             "model_group": model_ranks})
-        if model_ranks != self._ranks:  # the same on every rank of the group (checked just above)
+        if self._sharded and model_ranks != balanced:
+            raise ValueError(f"LoadBalancer: the fully_shard model's device mesh spans ranks {model_ranks} but "
+                             f"process_group balances over ranks {self._ranks}: balance over every data-parallel "
+                             "rank of the mesh (with HSDP, replicas and shards alike: the default, the world, where "
+                             "the mesh is the world)")
+        if model_ranks != balanced:  # the same on every rank of the group (checked just above)
             raise ValueError(f"LoadBalancer: the DDP model reduces its gradients over ranks {model_ranks} but "
                              f"process_group balances over ranks {self._ranks}: pass the DDP model's process_group "
                              "(DDP(module, process_group=g) and LoadBalancer(..., process_group=g))")
@@ -476,6 +485,18 @@ class LoadBalancer:
 
 
 STATE_VERSION = 3  # state_dict()'s layout; docs/checkpoints.md says which versions load
+
+
+def _check_model(model: Optional[torch.nn.Module]) -> bool:
+    """Whether the model is sharded (FSDP2); refuses FSDP1 and anything that is neither DDP nor FSDP2."""
+    if fsdp.is_fsdp1(model):
+        raise TypeError("LoadBalancer: FullyShardedDataParallel (FSDP1) is not supported: apply fully_shard "
+                        "(FSDP2, torch.distributed.fsdp.fully_shard) to the blocks and the root instead, or use "
+                        "DistributedDataParallel")
+    if fsdp.is_fsdp2(model):
+        return True
+    ddp.check_model(model)
+    return False
 
 
 def _timeout(timeout_s: Optional[float]) -> float:

@@ -9,30 +9,23 @@ callback (where tearing down a process group ends the process)."""
 import time
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Optional, Tuple
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.distributed as dist
 
 from .exchange import group_ranks
 from .hooks import first_tensor, sum_allreduce_hook, then
+from .loss import watch_rows
 
 if TYPE_CHECKING:
     from .controller import LoadBalancer
 
-_FSDP = {"FullyShardedDataParallel", "FSDPModule"}  # PyTorch's two FSDP APIs (no import: not in 1.13)
-
-
 def check_model(model: Optional[torch.nn.Module]) -> None:
-    """A DistributedDataParallel model or None; FSDP is refused."""
-    if model is not None and _FSDP & {c.__name__ for c in type(model).__mro__}:
-        raise TypeError("LoadBalancer: FSDP (FullyShardedDataParallel, fully_shard) is not supported: its "
-                        "all-gathers in every layer make each rank wait for the others inside the step, so a "
-                        "rank's own time cannot be told from its waiting, and it averages the gradients where "
-                        "LB-BSP needs their sum. Use DistributedDataParallel")
+    """A DistributedDataParallel model or None."""
     if model is not None and not hasattr(model, "register_comm_hook"):
-        raise TypeError("LoadBalancer: model must be a DistributedDataParallel (or None to sum gradients "
-                        f"yourself), got {type(model).__name__}")
+        raise TypeError("LoadBalancer: model must be a DistributedDataParallel, a module with fully_shard applied "
+                        f"(FSDP2), or None to sum gradients yourself; got {type(model).__name__}")
 
 
 def model_ranks(model: Optional[torch.nn.Module], balanced: list) -> list:
@@ -63,12 +56,7 @@ def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None
                            "the reports; build the LoadBalancer on a DDP model without one (gradient "
                            f"compression hooks are not supported). PyTorch: {e}") from e
     if check_rows:
-        def note_rows(module: torch.nn.Module, args: Tuple[Any, ...]) -> None:
-            balancer = me()
-            if balancer is not None:
-                balancer.loss.note_rows(args[0].shape[0] if args and torch.is_tensor(args[0]) and args[0].dim()
-                                        else None)
-        model.register_forward_pre_hook(note_rows)
+        watch_rows(me, model)
 
 
 def _sum_and_report(lb: "LoadBalancer", me: "weakref.ref", process_group: Optional[dist.ProcessGroup],

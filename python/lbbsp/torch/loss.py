@@ -4,7 +4,8 @@ weighted wrong (no scale() before backward, a forward on other rows than the ran
 no_sync() as if it were the whole slice's, scale() called another number of times than there are micro-batches)."""
 
 import warnings
-from typing import Optional
+import weakref
+from typing import Any, Optional
 
 import torch
 
@@ -101,3 +102,13 @@ class LossScale:
                          "micro-batch. Pass the micro-batch's size, lb.scale(loss, count=len(y)), or build the "
                          "LoadBalancer with micro_batches=A and read the micro-batches from lb.data_loader(); "
                          "for a loss over the whole slice pass count=int(lb.batch_sizes[lb.rank])")
+
+
+def watch_rows(me: "weakref.ref", model: torch.nn.Module) -> None:
+    """A forward pre-hook on ``model`` noting its first input's rows for the LoadBalancer ``me()`` (held weakly:
+    the model must not keep it alive)."""
+    def note_rows(module: torch.nn.Module, args: Any) -> None:
+        lb = me()
+        if lb is not None:
+            lb.loss.note_rows(args[0].shape[0] if args and torch.is_tensor(args[0]) and args[0].dim() else None)
+    model.register_forward_pre_hook(note_rows)

@@ -1,0 +1,153 @@
+"""A LoadBalancer over a model sharded with FSDP2 (``fully_shard``, per block and at the root) or HSDP (a 2-D
+device mesh, replicate x shard): every data-parallel rank balanced, each step's batch vector re-sized.
+
+What it sets on every FSDP module: the gradient divide factor 1 with SUM reductions (the reduce-scatter, and
+HSDP's all-reduce, add the ranks' gradients, which LB-BSP's loss scaling needs), and its own all-gather and
+reduce-scatter (FSDP2's public custom-comm hooks), which run PyTorch's default collectives and time what this
+rank spends blocked in them: inside the step every layer's all-gather and reduce-scatter make a fast rank wait
+for the slow one, and that waiting is not its work. With HSDP the all-reduce over the replicas runs between the
+reduce-scatter and FSDP's all-reduce hook: the gap between the two is timed as waiting too.
+
+The report leaves at the end of backward (an autograd engine callback queued at the step's first reduce-scatter,
+so it runs after FSDP's own final callback), in the control group's asynchronous all-gather, and the next step's
+window opens there: on the host the last reduce-scatter is the step's barrier, as DDP's allreduce is."""
+
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from .loss import watch_rows
+
+if TYPE_CHECKING:
+    from .controller import LoadBalancer
+
+
+def is_fsdp2(model: Optional[torch.nn.Module]) -> bool:
+    return model is not None and any(c.__name__ == "FSDPModule" for c in type(model).__mro__)
+
+
+def is_fsdp1(model: Optional[torch.nn.Module]) -> bool:
+    return model is not None and any(c.__name__ == "FullyShardedDataParallel" for c in type(model).__mro__)
+
+
+def fsdp_modules(model: torch.nn.Module) -> List[torch.nn.Module]:
+    return [m for m in model.modules() if is_fsdp2(m)]
+
+
+def _mesh(model: torch.nn.Module) -> Any:
+    """The device mesh of the model's sharded parameters (DTensors)."""
+    for p in model.parameters():
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is not None:
+            return mesh
+    raise TypeError("LoadBalancer: the fully_shard model has no sharded parameter (no DTensor with a device "
+                    "mesh): apply fully_shard to the blocks and the root before building the LoadBalancer")
+
+
+def model_ranks(model: torch.nn.Module) -> List[int]:
+    """The global ranks the sharded model's gradients are reduced over (every rank of its mesh), sorted."""
+    return sorted(int(r) for r in _mesh(model).mesh.flatten().tolist())
+
+
+def is_hsdp(model: torch.nn.Module) -> bool:
+    return _mesh(model).ndim == 2
+
+
+def _default_comms() -> Any:
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+    except ImportError as e:
+        raise TypeError(f"LoadBalancer: FSDP2 needs PyTorch >= 2.8 (custom collectives for fully_shard), this is "
+                        f"{torch.__version__}: upgrade PyTorch, or use DistributedDataParallel") from e
+    return DefaultAllGather, DefaultReduceScatter
+
+
+def check_settings(model: torch.nn.Module) -> None:
+    """Refuses a divide factor of the user's other than 1 (the gradients would not be the sum)."""
+    for m in fsdp_modules(model):
+        for group in getattr(m._get_fsdp_state(), "_fsdp_param_groups", []):
+            factor = getattr(group, "gradient_divide_factor", None)
+            if factor not in (None, 1.0):
+                raise ValueError(f"LoadBalancer: the FSDP module {type(m).__name__} has gradient divide factor "
+                                 f"{factor} (set_gradient_divide_factor): LB-BSP sums the gradients over ranks "
+                                 "and weights each rank's loss by its share of the global batch, so the factor must "
+                                 "be 1; leave it unset and the LoadBalancer sets it")
+
+
+def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None:
+    """Sets SUM reductions and the timed collectives on every FSDP module of ``model``."""
+    check_settings(model)
+    me = weakref.ref(lb)
+    timing = _StepTiming(me)
+    default_all_gather, default_reduce_scatter = _default_comms()
+    all_gather, reduce_scatter = _timed(default_all_gather, timing), _timed(default_reduce_scatter, timing, True)
+    hsdp = is_hsdp(model)
+    for m in fsdp_modules(model):
+        m.set_gradient_divide_factor(1.0)
+        m.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM; a SUM with a factor of 1 is exact
+        try:
+            m.set_custom_all_gather(all_gather)
+            m.set_custom_reduce_scatter(reduce_scatter)
+            if hsdp:
+                m.set_all_reduce_hook(timing.after_all_reduce)
+        except ValueError as e:  # several parameter groups in one module (a shard_placement_fn)
+            raise TypeError(f"LoadBalancer: cannot time the FSDP module {type(m).__name__}'s collectives: {e}") from e
+    if check_rows:
+        watch_rows(me, model)
+
+
+class _StepTiming:
+    """The waits of a step in FSDP's collectives, and the report at the end of its backward."""
+
+    def __init__(self, me: "weakref.ref") -> None:
+        self._me = me
+        self._queued_step = -1
+        self._scattered_s = 0.0  # when the last reduce-scatter returned (HSDP: the all-reduce follows)
+
+    def waited(self, seconds: float) -> None:
+        lb = self._me()
+        if lb is not None:
+            lb.clock.add_wait(seconds)
+
+    def reduce_scattered(self) -> None:
+        """A reduce-scatter of a step's backward returned: at the first, queue the report for the end of it."""
+        self._scattered_s = time.perf_counter()
+        lb = self._me()
+        if lb is None or self._queued_step == lb.global_step:
+            return
+        self._queued_step = lb.global_step
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def after_all_reduce(self, reduced: torch.Tensor) -> None:
+        """HSDP: FSDP's all-reduce hook, called when the all-reduce over the replicas is done."""
+        self.waited(time.perf_counter() - self._scattered_s)
+
+    def _end_of_backward(self) -> None:
+        lb = self._me()
+        if lb is None:
+            return
+        k = lb.global_step
+        if lb.exchange.launched(k):
+            return
+        lb.loss.check_scaled(k)
+        lb.send_report(k, time.perf_counter())
+        lb.clock.restart()  # the next window opens as the step's last reduce-scatter is left
+
+
+def _timed(base: type, timing: _StepTiming, scatters: bool = False) -> Any:
+    """An instance of FSDP's default collective ``base`` whose blocking calls count as waiting."""
+    class Timed(base):  # type: ignore[misc, valid-type]
+        def __call__(self, *args: Any, **kwargs: Any) -> Optional[dist.Work]:
+            t0 = time.perf_counter()
+            work = super().__call__(*args, **kwargs)
+            if work is None or not kwargs.get("async_op", False):
+                timing.waited(time.perf_counter() - t0)
+            if scatters:
+                timing.reduce_scattered()
+            return work
+    Timed.__name__ = f"LoadBalancer{base.__name__}"
+    return Timed()
+

@@ -1,0 +1,281 @@
+"""lbbsp.torch over FSDP2 (fully_shard per block and at the root) and HSDP (a 2-D mesh, replicate x shard) on gloo
+process groups: exact against one process with zero-size slices (3 and 4 ranks, float64), with gradient
+accumulation, with bf16 parameters; a rank slowed in data loading, forward or after backward gets fewer samples
+(its waits in every all-gather and reduce-scatter not counted as work); 4 ranks of capacities 1, 1, 0.5, 0.25 split
+as their capacities; the settings FSDP2 needs set by the LoadBalancer and a contradicting one refused;
+torch.distributed.checkpoint with the sharded model and optimizer, resumed at another world size (4 -> 3)."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from harness import (
+    CLASSES,
+    DIM,
+    N,
+    assert_equal_to_one_process,
+    data,
+    dump_rank,
+    finish,
+    fixed_metrics,
+    init,
+    load_ranks,
+    make_model,
+    one_process,
+    spawn,
+)
+
+from lbbsp.torch import LoadBalancer
+
+fsdp = pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 is PyTorch 2.x (python.torch2)")
+if not hasattr(fsdp, "fully_shard") or not hasattr(fsdp.FSDPModule, "set_custom_reduce_scatter"):
+    pytest.skip("FSDP2 with custom collectives is PyTorch >= 2.8 (python.torch2)", allow_module_level=True)
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+
+
+def shard(model, world, hsdp=False, mp_policy=None):
+    """fully_shard on every Linear and on the root, as torchtitan shards its blocks; HSDP: 2 replicas."""
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard")) if hsdp else \
+        init_device_mesh("cpu", (world,))
+    kwargs = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            fsdp.fully_shard(m, **kwargs)
+    return fsdp.fully_shard(model, **kwargs)
+
+
+def full_params(model):
+    """The sharded model's parameters, gathered, as one NumPy vector (a collective: every rank calls it)."""
+    return torch.cat([p.full_tensor().detach().flatten() for p in model.parameters()]).numpy()
+
+
+# ---- exactness ----
+
+
+def _exact_worker(rank, world, store, out, hsdp, lag, micro):
+    init(rank, world, store)
+    x, y = data()
+    model = shard(make_model(), world, hsdp)
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=3, monitor=fixed_metrics,
+                      lag=lag, micro_batches=micro)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sizes = []
+    for g in range(2 * lb.steps_per_epoch):
+        sizes.append(lb.batch_sizes.tolist())
+        parts = lb.micro_indices(*divmod(g, lb.steps_per_epoch))
+        for i, idx in enumerate(parts):
+            model.set_requires_gradient_sync(i == len(parts) - 1)  # reduce-scatter once, after the last
+            idx = torch.from_numpy(idx)
+            lb.scale(F.cross_entropy(model(x[idx]), y[idx], reduction="sum"), reduction="sum").backward()
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    np.save(os.path.join(out, f"fsdp-{rank}.npy"), full_params(model))
+    dump_rank(out, "fsdp", rank, {"sizes": sizes, "gathers": lb.exchange.gathers})
+    finish()
+
+
+@pytest.mark.parametrize("world,hsdp,lag,micro", [(3, False, 0, 1), (4, False, 1, 1), (4, True, 0, 1),
+                                                  (4, True, 2, 1), (3, False, 0, 2)],
+                         ids=["fsdp3", "fsdp4-lag1", "hsdp4", "hsdp4-lag2", "fsdp3-accumulate"])
+def test_fsdp_equals_one_process(tmp_path, world, hsdp, lag, micro):
+    """random:5 gives some rank 0 samples (it still runs forward and backward, so every collective matches);
+    the reductions are SUMs, each rank's loss its share: the parameters equal one process's to 1e-10."""
+    spawn(_exact_worker, world, tmp_path, hsdp, lag, micro)
+    got = load_ranks(tmp_path, "fsdp", world)
+    sizes = np.array(got[0]["sizes"])
+    assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
+    assert (sizes == 0).any() and (sizes.sum(axis=1) == 24).all(), sizes
+    assert got[0]["gathers"] == len(sizes), "one report per step, at the end of the step's backward"
+    ref = one_process(len(sizes), 24)
+    assert_equal_to_one_process(ref, [tmp_path / f"fsdp-{r}.npy" for r in range(world)])
+
+
+def _mixed_worker(rank, world, store, out):
+    init(rank, world, store)
+    x, _ = data()
+    y = x[:, :CLASSES].argmax(dim=1)  # learnable labels: the loss can fall far
+    policy = fsdp.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    model = shard(make_model().float(), world, mp_policy=policy)
+    lb = LoadBalancer(model, dataset_size=N, global_batch=40, balancer="random:2", seed=3, monitor=fixed_metrics)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    sizes, losses = [], []
+    for g in range(6 * lb.steps_per_epoch):
+        sizes.append(lb.batch_sizes.tolist())
+        idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+        loss = lb.scale(F.cross_entropy(model(x[idx].float()), y[idx], reduction="sum"), reduction="sum")
+        loss.backward()
+        summed = loss.detach().float()
+        dist.all_reduce(summed)  # the global batch's mean loss
+        losses.append(summed.item())
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    dump_rank(out, "mixed", rank, {"sizes": sizes, "losses": losses})
+    finish()
+
+
+def test_fsdp_bf16_parameters_same_sizes_and_loss_falls(tmp_path):
+    """MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32): not exact, but every rank holds the same
+    sizes and the global batch's loss falls."""
+    spawn(_mixed_worker, 3, tmp_path)
+    got = load_ranks(tmp_path, "mixed", 3)
+    assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
+    losses = np.array(got[0]["losses"])
+    assert np.isfinite(losses).all()
+    assert losses[-6:].mean() < 0.8 * losses[:6].mean(), losses
+
+
+# ---- measurement: the waits inside the step are not work ----
+
+
+class _SlowForward(torch.nn.Module):
+    """The model, sleeping `cost` seconds per sample of its input in forward."""
+
+    def __init__(self, net, cost):
+        super().__init__()
+        self.net, self.cost = net, cost
+
+    def forward(self, x):
+        time.sleep(len(x) * self.cost)
+        return self.net(x)
+
+
+class _SlowDataset(torch.utils.data.Dataset):
+    def __init__(self, x, y, cost):
+        self.x, self.y, self.cost = x, y, cost
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        time.sleep(self.cost)
+        return self.x[i], self.y[i]
+
+
+def _where_worker(rank, world, store, out, where, capacities):
+    init(rank, world, store)
+    cost = 3e-4 / capacities[rank]  # seconds per sample, in `where`
+    g = np.random.default_rng(1)
+    x, y = torch.from_numpy(g.normal(size=(64 * 30, DIM))), torch.from_numpy(g.integers(0, CLASSES, 64 * 30))
+    model = shard(_SlowForward(make_model(), cost if where == "forward" else 0.0), world)
+    lb = LoadBalancer(model, dataset_size=len(x), global_batch=64, balancer="lbbsp-cpu", predictor="ema", seed=1,
+                      monitor=fixed_metrics)
+    loader = lb.data_loader(_SlowDataset(x, y, cost if where == "load" else 0.0))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for xb, yb in loader:
+        lb.scale(F.cross_entropy(model(xb), yb)).backward()
+        if where == "after_backward":
+            time.sleep(len(xb) * cost)
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    if rank == 0:
+        np.save(os.path.join(out, f"where-{where}.npy"), lb.batch_sizes)
+    finish()
+
+
+@pytest.mark.parametrize("where", ["load", "forward", "after_backward"])
+def test_fsdp_rank_slowed_anywhere_gets_fewer_samples(tmp_path, where):
+    """The last of 3 ranks 5x slower in data loading, in forward (between the layers' all-gathers) or after
+    backward (before the optimizer): it ends with under half a fast rank's samples."""
+    spawn(_where_worker, 3, tmp_path, where, (1.0, 1.0, 0.2))
+    sizes = np.load(tmp_path / f"where-{where}.npy")
+    assert sizes.sum() == 64
+    assert sizes[2] < 0.5 * min(sizes[0], sizes[1]), (where, sizes)
+
+
+def test_fsdp_four_ranks_split_as_their_capacities(tmp_path):
+    """Capacities 1, 1, 0.5, 0.25 (emulated in forward): the split ends within 20% (or 3 samples) of the
+    capacities' proportions, 64 x c / sum(c) = 23.3, 23.3, 11.6, 5.8."""
+    capacities = (1.0, 1.0, 0.5, 0.25)
+    spawn(_where_worker, 4, tmp_path, "forward", capacities)
+    sizes = np.load(tmp_path / "where-forward.npy")
+    ideal = 64 * np.array(capacities) / sum(capacities)
+    assert sizes.sum() == 64
+    assert (np.abs(sizes - ideal) <= np.maximum(3, 0.2 * ideal)).all(), (sizes, ideal)
+
+
+# ---- settings ----
+
+
+def _settings_worker(rank, world, store, out):
+    init(rank, world, store)
+    model = shard(make_model(), world)
+    model[0].set_gradient_divide_factor(2.0)
+    errors = {}
+    try:
+        LoadBalancer(model, dataset_size=N, global_batch=24, monitor=fixed_metrics)
+    except ValueError as e:
+        errors["factor"] = str(e)
+    model[0].set_gradient_divide_factor(1.0)
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, monitor=fixed_metrics)
+    groups = [g for m in model.modules() if isinstance(m, fsdp.FSDPModule)
+              for g in m._get_fsdp_state()._fsdp_param_groups]
+    set_by_lb = {"factor": sorted({g.gradient_divide_factor for g in groups}),
+                 "sum": sorted({g.force_sum_reduction_for_comms for g in groups}), "groups": len(groups)}
+    fsdp1 = fsdp.FullyShardedDataParallel.__new__(fsdp.FullyShardedDataParallel)  # FSDP1 needs a GPU to build
+    torch.nn.Module.__init__(fsdp1)
+    try:
+        LoadBalancer(fsdp1, dataset_size=N, global_batch=24, monitor=fixed_metrics)
+    except TypeError as e:
+        errors["fsdp1"] = str(e)
+    del lb
+    dump_rank(out, "settings", rank, {"errors": errors, "set": set_by_lb})
+    finish()
+
+
+def test_fsdp_settings_set_and_contradictions_refused(tmp_path):
+    spawn(_settings_worker, 2, tmp_path)
+    got = load_ranks(tmp_path, "settings", 2)
+    for g in got:
+        assert "gradient divide factor 2.0" in g["errors"]["factor"] and "must be 1" in g["errors"]["factor"], g
+        assert "FSDP1" in g["errors"]["fsdp1"] and "fully_shard" in g["errors"]["fsdp1"], g
+        assert g["set"] == {"factor": [1.0], "sum": [True], "groups": 2}, g["set"]
+
+
+# ---- state: torch.distributed.checkpoint beside the sharded model and optimizer, 4 ranks -> 3 ----
+
+
+def _dcp_worker(rank, world, store, out, phase):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    init(rank, world, store)
+    x, y = data()
+    model = shard(make_model(), world)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=3, monitor=fixed_metrics)
+    ckpt = os.path.join(out, "dcp")
+    if phase == "resume":
+        model_state, opt_state = get_state_dict(model, opt)
+        state = {"model": model_state, "optim": opt_state, "lb": lb.state_dict()}
+        dcp.load(state, checkpoint_id=ckpt)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        lb.load_state_dict(state["lb"])
+    first = lb.global_step
+    for g in range(first, first + 10):
+        idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+        lb.scale(F.cross_entropy(model(x[idx]), y[idx], reduction="sum"), reduction="sum").backward()
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    if phase == "save":
+        model_state, opt_state = get_state_dict(model, opt)
+        dcp.save({"model": model_state, "optim": opt_state, "lb": lb.state_dict()}, checkpoint_id=ckpt)
+    np.save(os.path.join(out, f"dcp-{phase}-{rank}.npy"), full_params(model))
+    dump_rank(out, f"dcp-{phase}", rank, {"steps": lb.global_step})
+    finish()
+
+
+def test_fsdp_resumes_at_another_world_size_with_dcp(tmp_path):
+    """10 steps on 4 ranks, saved with torch.distributed.checkpoint (the sharded model, the optimizer's momentum,
+    the balancer), 10 more on 3 ranks: equal to one process's 20 steps."""
+    spawn(_dcp_worker, 4, tmp_path, "save")
+    spawn(_dcp_worker, 3, tmp_path, "resume")
+    assert [g["steps"] for g in load_ranks(tmp_path, "dcp-resume", 3)] == [20] * 3
+    assert_equal_to_one_process(one_process(20, 24), [tmp_path / f"dcp-resume-{r}.npy" for r in range(3)])
+
