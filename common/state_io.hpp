@@ -5,8 +5,9 @@
 //   balancer states are text: a line "lbbsp-balancer-state TAG", then one token per value, each followed by a
 //     space: integers in decimal, floating point as hex floats (exact, nan and inf included), strings as
 //     LENGTH:BYTES.
-// A vector is its length, then its values. A reader refuses a state written with another tag.
-// Header-only, like common/spec.hpp.
+// A vector is its length, then its values. A reader refuses a state of another kind, and one of another
+// format of its kind naming both formats: only the current format is read (docs/checkpoints.md). Header-only,
+// like common/spec.hpp.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +24,12 @@ enum class StateOf { predictor, balancer };
 
 namespace state_io_detail {
 inline const std::string kTextPrefix = "lbbsp-balancer-state ";  // a text state's first line: this, the tag
+
+// "narx" of "narx/4"; a tag without a version is its own kind ("bsp", and "lbbsp-cpu" of lbbsp-cpu's first
+// format).
+inline std::string kind_of(const std::string& tag) {
+  return tag.substr(0, tag.find('/'));
+}
 }  // namespace state_io_detail
 
 class StateWriter {
@@ -108,9 +115,7 @@ class StateReader {
   void need(uint64_t n) const {
     if (n > in_.size() - pos_) fail(" is truncated");
   }
-  void check_tag(const std::string& saved, const std::string& tag) const {
-    if (saved != tag) fail(" is not a '" + tag + "' state");
-  }
+  void check_tag(const std::string& saved, const std::string& tag) const;
   std::string text_tag();
   uint64_t get_length(size_t value_size);
   std::string binary_string();
@@ -123,6 +128,16 @@ class StateReader {
   const std::string& in_;
   size_t pos_ = 0;
 };
+
+// Another kind is "not a 'TAG' state"; another format of the same kind names both formats and the way out.
+inline void StateReader::check_tag(const std::string& saved, const std::string& tag) const {
+  if (saved == tag) return;
+  if (saved.empty() || state_io_detail::kind_of(saved) != state_io_detail::kind_of(tag))
+    fail(" is not a '" + tag + "' state");
+  fail(" has format '" + saved + "', this lbbsp reads '" + tag +
+       "' only (other formats are not converted: docs/checkpoints.md); start afresh instead of loading it "
+       "(lbbsp train: run without --resume, or with a new --checkpoint-dir)");
+}
 
 // The tag on a text state's first line, or "" when it has none.
 inline std::string StateReader::text_tag() {

@@ -20,7 +20,7 @@
 // score.
 //
 // The code: narx.cpp the ensemble; narx_kernels.hpp the network's kernels; narx_exo.{hpp,cpp} the exogenous
-// linear model; narx_state.cpp the saved state (narx/4) and the readers of the older formats.
+// linear model; narx_state.cpp the saved state (narx/4).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -111,19 +111,17 @@ class NarxPredictor final : public Predictor {
   void update_levels(double speed);
   void train(TrainPlan plan);
   void blend_weights(double* w, int count) const;
-  // save_state() and load_state() in steps, in the order of the saved state (narx_state.cpp); `version` is
-  // the N of its "narx/N" tag.
+  // save_state() and load_state() in steps, in the order of the saved state (narx_state.cpp).
   void write_network(StateWriter& w) const;
   void write_levels(StateWriter& w) const;
   void write_forecasts(StateWriter& w) const;
   void write_window(StateWriter& w) const;
   void write_exo_models(StateWriter& w) const;
-  void read_network(StateReader& r, int version);
+  void read_network(StateReader& r);
   void read_levels(StateReader& r);
-  std::array<double, kCandidates> read_candidates(StateReader& r, int version, bool as_mse, double fill);
-  void read_forecasts(StateReader& r, int version);
-  void read_window(StateReader& r, int version);
-  void read_exo_models(StateReader& r, int version);
+  void read_forecasts(StateReader& r);
+  void read_window(StateReader& r);
+  void read_exo_models(StateReader& r);
   bool ratio_active() const { return options_.ratio >= 0 && options_.ratio < num_exo_; }
 
   NarxOptions options_;

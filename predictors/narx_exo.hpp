@@ -16,7 +16,7 @@ class ExoLinearModel {
   double forecast(const double* u, double fallback, double lo, double hi) const;
   // Learns from a scored step: its regressors u, its speed and the forecast this model made for it.
   void learn(const double* u, double speed, double forecast);
-  // Its part of the NARX state (narx/3 on): weight, means, residual variance and the scatter matrices.
+  // Its part of the NARX state: weight, means, residual variance and the scatter matrices.
   void save(StateWriter& w) const;
   void load(StateReader& r);
   void prefetch() const;

@@ -1,36 +1,18 @@
-// NarxPredictor's saved state (format narx/4) and the readers of the older formats narx/1 to narx/3.
-#include <algorithm>
-#include <cmath>
+// NarxPredictor's saved state (format narx/4): its writer and its reader.
 #include <stdexcept>
+#include <utility>
 
 #include "predictors/narx.hpp"
 
 namespace lbbsp::predictors {
 namespace {
 
+constexpr const char* kStateTag = "narx/4";  // the one format read: docs/checkpoints.md
+
 template <class T>
 void same_size(std::vector<T>& dst, std::vector<T>&& src) {
   if (src.size() != dst.size()) throw std::invalid_argument("narx state has inconsistent sizes");
   dst = std::move(src);
-}
-
-// narx/1 kept the network in double with W1 hidden-major (hidden x inputs).
-void same_size_net(std::vector<float>& dst, const std::vector<double>& src, int n_in, int h) {
-  if (src.size() != dst.size()) throw std::invalid_argument("narx state has inconsistent sizes");
-  for (int j = 0; j < h; ++j)
-    for (int i = 0; i < n_in; ++i) dst[i * h + j] = static_cast<float>(src[j * n_in + i]);
-  for (size_t k = static_cast<size_t>(h) * n_in; k < src.size(); ++k) dst[k] = static_cast<float>(src[k]);
-}
-
-template <class Alloc>
-void same_size_float(std::vector<float, Alloc>& dst, const std::vector<double>& src) {
-  if (src.size() != dst.size()) throw std::invalid_argument("narx state has inconsistent sizes");
-  for (size_t k = 0; k < src.size(); ++k) dst[k] = static_cast<float>(src[k]);
-}
-
-bool has_tag(const std::string& state, const std::string& tag) {
-  const std::string prefix = StateWriter(StateOf::predictor, tag).str();
-  return state.compare(0, prefix.size(), prefix) == 0;
 }
 
 void write_options(StateWriter& w, const NarxOptions& o) {
@@ -47,8 +29,7 @@ void write_options(StateWriter& w, const NarxOptions& o) {
   w.put(o.ratio);
 }
 
-// The options of a saved state (narx/1 and narx/2 had no forget and ridge, narx/1 to narx/3 no ratio).
-NarxOptions read_options(StateReader& r, int version) {
+NarxOptions read_options(StateReader& r) {
   NarxOptions o;
   o.dy = r.get<int>();
   o.du = r.get<int>();
@@ -58,11 +39,9 @@ NarxOptions read_options(StateReader& r, int version) {
   o.epochs = r.get<int>();
   o.batch = r.get<int>();
   o.sharp = r.get<double>();
-  if (version >= 3) {
-    o.forget = r.get<double>();
-    o.ridge = r.get<double>();
-  }
-  if (version >= 4) o.ratio = r.get<int>();
+  o.forget = r.get<double>();
+  o.ridge = r.get<double>();
+  o.ratio = r.get<int>();
   return o;
 }
 
@@ -71,7 +50,7 @@ NarxOptions read_options(StateReader& r, int version) {
 // ---- narx/4: options, the network, the levels, the pending forecast, the window, the exogenous models ----
 
 std::string NarxPredictor::save_state() const {
-  StateWriter w(StateOf::predictor, "narx/4");
+  StateWriter w(StateOf::predictor, kStateTag);
   write_options(w, options_);
   w.put(num_exo_);
   w.put(rng_.state());
@@ -131,26 +110,19 @@ void NarxPredictor::write_exo_models(StateWriter& w) const {
   w.put(ratio_);
 }
 
-// ---- reading narx/1 to narx/4 ----
+// ---- reading narx/4 ----
 
-// narx/1 and narx/2 had no exogenous linear model, narx/1 to narx/3 no proportional models: they start
-// empty (their forecasts are the base until they have data) and with the largest recent squared error of the
-// other candidates, so they earn their weight; the ratio input is the default one.
 void NarxPredictor::load_state(const std::string& state) {
-  const int version = has_tag(state, "narx/1")   ? 1
-                      : has_tag(state, "narx/2") ? 2
-                      : has_tag(state, "narx/3") ? 3
-                                                 : 4;
-  StateReader r(StateOf::predictor, state, "narx/" + std::to_string(version));
-  const NarxOptions o = read_options(r, version);
+  StateReader r(StateOf::predictor, state, kStateTag);
+  const NarxOptions o = read_options(r);
   const int num_exo = r.get<int>();
   NarxPredictor p(o, num_exo, 0);  // validates options and sizes every buffer
   p.rng_.set_state(r.get<uint64_t>());
-  p.read_network(r, version);
+  p.read_network(r);
   p.read_levels(r);
-  p.read_forecasts(r, version);
-  p.read_window(r, version);
-  p.read_exo_models(r, version);
+  p.read_forecasts(r);
+  p.read_window(r);
+  p.read_exo_models(r);
   r.finish();
   p.update_band();
   if (p.recent_head_ < 0 || p.recent_head_ >= p.options_.window || p.buffer_head_ < 0 ||
@@ -159,26 +131,14 @@ void NarxPredictor::load_state(const std::string& state) {
   *this = std::move(p);
 }
 
-// Parameters and Adam state; narx/1 kept them in double with W1 hidden-major and no running powers.
-void NarxPredictor::read_network(StateReader& r, int version) {
-  const int n_in = num_inputs(), h = options_.hidden;
-  if (version == 1) {
-    same_size_net(params_, r.get_vector<double>(), n_in, h);
-    same_size_net(adam_m_, r.get_vector<double>(), n_in, h);
-    same_size_net(adam_v_, r.get_vector<double>(), n_in, h);
-  } else {
-    same_size(params_, r.get_vector<float>());
-    same_size(adam_m_, r.get_vector<float>());
-    same_size(adam_v_, r.get_vector<float>());
-  }
+// Parameters and Adam state.
+void NarxPredictor::read_network(StateReader& r) {
+  same_size(params_, r.get_vector<float>());
+  same_size(adam_m_, r.get_vector<float>());
+  same_size(adam_v_, r.get_vector<float>());
   adam_steps_ = r.get<int64_t>();
-  if (version == 1) {
-    adam_b1t_ = std::pow(0.9, static_cast<double>(adam_steps_));
-    adam_b2t_ = std::pow(0.999, static_cast<double>(adam_steps_));
-  } else {
-    adam_b1t_ = r.get<double>();
-    adam_b2t_ = r.get<double>();
-  }
+  adam_b1t_ = r.get<double>();
+  adam_b2t_ = r.get<double>();
 }
 
 // The speed's statistics and levels, the exogenous statistics, the lags and the ring of recent speeds.
@@ -197,76 +157,33 @@ void NarxPredictor::read_levels(StateReader& r) {
   recent_head_ = r.get<int>();
 }
 
-// One value per candidate in the current layout. narx/1 and narx/2 saved kLast, the EMAs and kNet; narx/3
-// kLast, the EMAs, kLinear and kNet. The candidates they lacked get `fill`, or with `as_mse` the largest of
-// the saved values.
-std::array<double, NarxPredictor::kCandidates> NarxPredictor::read_candidates(StateReader& r, int version,
-                                                                              bool as_mse, double fill) {
-  if (version >= 4) return r.get<std::array<double, kCandidates>>();
-  std::array<double, kBase + 2> old{};  // room for narx/3's; narx/1 and /2 use the first kBase + 1
-  const size_t n = version == 3 ? kBase + 2 : kBase + 1;
-  if (version == 3) {
-    old = r.get<std::array<double, kBase + 2>>();
-  } else {
-    const std::array<double, kBase + 1> v2 = r.get<std::array<double, kBase + 1>>();
-    std::copy(v2.begin(), v2.end(), old.begin());
-  }
-  if (as_mse) fill = *std::max_element(old.begin(), old.begin() + n);
-  std::array<double, kCandidates> out{};
-  std::copy(old.begin(), old.begin() + kBase, out.begin());
-  std::fill(out.begin() + kRatioSlow, out.begin() + kRatioFast + 1, fill);
-  out[kLinear] = version == 3 ? old[kBase] : fill;
-  out[kNet] = old[n - 1];
-  return out;
-}
-
-// Recent squared errors, the pending forecast and its inputs. The candidates older states lacked forecast
-// the base, which is read after them.
-void NarxPredictor::read_forecasts(StateReader& r, int version) {
-  mse_ = read_candidates(r, version, true, 0);
+// Recent squared errors, the pending forecast and its inputs.
+void NarxPredictor::read_forecasts(StateReader& r) {
+  mse_ = r.get<std::array<double, kCandidates>>();
   pending_ = r.get<bool>();
-  stale_ = version == 1 ? false : r.get<bool>();
-  if (version == 1)
-    same_size_float(pending_x_, r.get_vector<double>());
-  else
-    same_size(pending_x_, r.get_vector<float>());
-  pending_candidates_ = read_candidates(r, version, false, 0);
+  stale_ = r.get<bool>();
+  same_size(pending_x_, r.get_vector<float>());
+  pending_candidates_ = r.get<std::array<double, kCandidates>>();
   pending_base_ = r.get<double>();
-  if (version < 4) {
-    std::fill(pending_candidates_.begin() + kRatioSlow, pending_candidates_.begin() + kRatioFast + 1,
-              pending_base_);
-    if (version < 3) pending_candidates_[kLinear] = pending_base_;
-  }
   pending_scale_ = r.get<double>();
   last_prediction_ = r.get<double>();
 }
 
-// The training window (narx/1 kept it in double).
-void NarxPredictor::read_window(StateReader& r, int version) {
-  if (version == 1) {
-    same_size_float(buffer_x_, r.get_vector<double>());
-    same_size_float(buffer_y_, r.get_vector<double>());
-  } else {
-    const std::vector<float> rows = r.get_vector<float>();
-    if (rows.size() != buffer_x_.size()) throw std::invalid_argument("narx state has inconsistent sizes");
-    buffer_x_.assign(rows.begin(), rows.end());
-    same_size(buffer_y_, r.get_vector<float>());
-  }
+// The training window.
+void NarxPredictor::read_window(StateReader& r) {
+  const std::vector<float> rows = r.get_vector<float>();
+  if (rows.size() != buffer_x_.size()) throw std::invalid_argument("narx state has inconsistent sizes");
+  buffer_x_.assign(rows.begin(), rows.end());
+  same_size(buffer_y_, r.get_vector<float>());
   buffer_count_ = r.get<int>();
   buffer_head_ = r.get<int>();
 }
 
-// The exogenous linear model (narx/3 on) and the proportional models (narx/4).
-void NarxPredictor::read_exo_models(StateReader& r, int version) {
-  if (version >= 3) {
-    linear_.load(r);
-    same_size(pending_u_, r.get_vector<double>());
-    if (version >= 4) ratio_ = r.get<std::array<double, kRatios>>();
-  } else if (pending_) {
-    // The pending forecast's regressors were not saved: the newest measured values stand in.
-    const double* newest = options_.du > 0 ? exo_lags_.data() : exo_mean_.data();
-    std::copy(newest, newest + num_exo_, pending_u_.begin());
-  }
+// The exogenous linear model and the proportional models.
+void NarxPredictor::read_exo_models(StateReader& r) {
+  linear_.load(r);
+  same_size(pending_u_, r.get_vector<double>());
+  ratio_ = r.get<std::array<double, kRatios>>();
 }
 
 }  // namespace lbbsp::predictors

@@ -1,7 +1,7 @@
 // A fleet of predictor states updated through for_each_worker (as LbbspCpuBalancer::next does): identical
-// results for any thread count, prefetch() changes nothing, exceptions surface; and NARX checkpoints of the
-// older formats (narx/1: double precision; narx/2: no exogenous linear model; narx/3: no proportional
-// models) still load, into exactly the state the current format (narx/4) describes.
+// results for any thread count, prefetch() changes nothing, exceptions surface; a NARX state written field by
+// field in the layout of format narx/4 loads, and one tagged with an unreleased earlier format (narx/1 to
+// narx/3) is refused naming both formats and the way out.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -83,19 +83,12 @@ TEST(PredictorFleet, EveryWorkerOnceAndTheLowestFailureIsRethrown) {
   }
 }
 
-// A NARX state in the layout of format narx/1 (network in double, W1 hidden-major), narx/2 (float, W1
-// input-major, Adam's running bias powers, the stale flag), narx/3 (narx/2 plus the exogenous linear model:
-// its options, its candidate slot between the EMAs and the network, its statistics) or narx/4 (narx/3 plus
-// the proportional models: the ratio input, two candidate slots between the EMAs and the linear model, their
-// levels), from the same values. The narx/4 state is the one the older ones migrate to: empty models scored
-// with the largest recent squared error of the others, their pending forecasts the base, the linear model's
-// regressors the newest exo values, the ratio input the default (0).
-std::string narx_state(int version) {
-  const bool v1 = version == 1, v3 = version >= 3, v4 = version == 4;
+// A NARX state in the layout of format narx/4 (the tag `tag`, then its fields).
+std::string narx_state(const std::string& tag = "narx/4") {
   const int dy = 2, du = 1, hidden = 3, window = 4, num_exo = 1;
   const int n_in = dy + 3 + (du + 1) * num_exo;
   const int params = hidden * (n_in + 2) + 1;
-  StateWriter w(StateOf::predictor, "narx/" + std::to_string(version));
+  StateWriter w(StateOf::predictor, tag);
   w.put(dy);
   w.put(du);
   w.put(hidden);
@@ -104,37 +97,23 @@ std::string narx_state(int version) {
   w.put(2);     // epochs
   w.put(3);     // batch
   w.put(4.0);   // sharp
-  if (v3) {
-    w.put(0.98);  // forget
-    w.put(0.01);  // ridge
-  }
-  if (v4) w.put(0);  // ratio input
+  w.put(0.98);  // forget
+  w.put(0.01);  // ridge
+  w.put(0);     // ratio input
   w.put(num_exo);
   w.put(uint64_t{12345});
-  // Values exactly representable in float, so both formats describe the same network.
-  auto net = [&](double offset) {
-    std::vector<double> hidden_major(params);
-    for (int k = 0; k < params; ++k) hidden_major[k] = offset + 0.0625 * ((k * 7) % 11 - 5);
-    return hidden_major;
+  auto put_net = [&](float offset) {
+    std::vector<float> net(params);
+    for (int k = 0; k < params; ++k) net[k] = offset + 0.0625f * static_cast<float>((k * 7) % 11 - 5);
+    w.put_vector(net);
   };
-  auto put_net = [&](const std::vector<double>& hidden_major) {
-    if (v1) return w.put_vector(hidden_major);
-    std::vector<float> input_major(params);
-    for (int j = 0; j < hidden; ++j)
-      for (int i = 0; i < n_in; ++i)
-        input_major[i * hidden + j] = static_cast<float>(hidden_major[j * n_in + i]);
-    for (int k = hidden * n_in; k < params; ++k) input_major[k] = static_cast<float>(hidden_major[k]);
-    w.put_vector(input_major);
-  };
-  put_net(net(0));
-  put_net(net(0.5));  // Adam m
-  put_net(net(1));    // Adam v (positive)
+  put_net(0);
+  put_net(0.5f);  // Adam m
+  put_net(1);     // Adam v (positive)
   const int64_t steps = 17;
   w.put(steps);
-  if (!v1) {
-    w.put(std::pow(0.9, static_cast<double>(steps)));
-    w.put(std::pow(0.999, static_cast<double>(steps)));
-  }
+  w.put(std::pow(0.9, static_cast<double>(steps)));
+  w.put(std::pow(0.999, static_cast<double>(steps)));
   w.put(int64_t{9});  // good observations
   w.put(100.0);       // y mean
   w.put(25.0);        // y var
@@ -146,77 +125,63 @@ std::string narx_state(int version) {
   w.put_vector(std::vector<double>{98, 102});  // y lags
   w.put_vector(std::vector<double>{0.25});     // exo lags
   w.put_vector(std::vector<double>{98, 102, 95, 104});
-  w.put(1);  // recent head
-  if (v4)
-    w.put(std::array<double, 8>{4, 3, 5, 6, 6, 6, 6, 2});  // last, 3 EMAs, 2 ratios, linear, network
-  else if (v3)
-    w.put(std::array<double, 6>{4, 3, 5, 6, 6, 2});  // last, 3 EMAs, linear, network
-  else
-    w.put(std::array<double, 5>{4, 3, 5, 6, 2});
-  w.put(true);            // pending
-  if (!v1) w.put(false);  // stale
-  const std::vector<double> x{0.5, -0.25, 1, 0.125, -1, 0.75, 0.5};
-  if (v1)
-    w.put_vector(x);
-  else
-    w.put_vector(std::vector<float>(x.begin(), x.end()));
-  if (v4)
-    w.put(std::array<double, 8>{98, 99, 100, 101, 99.5, 99.5, 99.5, 97});
-  else if (v3)
-    w.put(std::array<double, 6>{98, 99, 100, 101, 99.5, 97});
-  else
-    w.put(std::array<double, 5>{98, 99, 100, 101, 97});
+  w.put(1);                                              // recent head
+  w.put(std::array<double, 8>{4, 3, 5, 6, 6, 6, 6, 2});  // last, 3 EMAs, 2 ratios, linear, network
+  w.put(true);                                           // pending
+  w.put(false);                                          // stale
+  w.put_vector(std::vector<float>{0.5, -0.25, 1, 0.125, -1, 0.75, 0.5});
+  w.put(std::array<double, 8>{98, 99, 100, 101, 99.5, 99.5, 99.5, 97});
   w.put(99.5);  // pending base
   w.put(5.0);   // pending scale
   w.put(97.0);  // last prediction
-  std::vector<double> rows(window * n_in), targets(window);
-  for (size_t k = 0; k < rows.size(); ++k) rows[k] = 0.25 * ((k * 5) % 9) - 1;
-  for (size_t k = 0; k < targets.size(); ++k) targets[k] = 0.5 * k - 0.75;
-  if (v1) {
-    w.put_vector(rows);
-    w.put_vector(targets);
-  } else {
-    w.put_vector(std::vector<float>(rows.begin(), rows.end()));
-    w.put_vector(std::vector<float>(targets.begin(), targets.end()));
-  }
-  w.put(3);  // buffer count
-  w.put(3);  // buffer head
-  if (v3) {
-    w.put(0.0);                               // linear model: total weight
-    w.put(0.0);                               // speed mean
-    w.put(0.0);                               // residual variance
-    w.put_vector(std::vector<double>{0});     // regressor means
-    w.put_vector(std::vector<double>{0});     // regressor scatter
-    w.put_vector(std::vector<double>{0});     // cross scatter with the speed
-    w.put_vector(std::vector<double>{0.25});  // pending regressors (= the exo lags)
-  }
-  if (v4) w.put(std::array<double, 2>{0, 0});  // proportional models: no data yet
+  std::vector<float> rows(window * n_in), targets(window);
+  for (size_t k = 0; k < rows.size(); ++k) rows[k] = 0.25f * static_cast<float>((k * 5) % 9) - 1;
+  for (size_t k = 0; k < targets.size(); ++k) targets[k] = 0.5f * static_cast<float>(k) - 0.75f;
+  w.put_vector(rows);
+  w.put_vector(targets);
+  w.put(3);                                 // buffer count
+  w.put(3);                                 // buffer head
+  w.put(0.0);                               // linear model: total weight
+  w.put(0.0);                               // speed mean
+  w.put(0.0);                               // residual variance
+  w.put_vector(std::vector<double>{0});     // regressor means
+  w.put_vector(std::vector<double>{0});     // regressor scatter
+  w.put_vector(std::vector<double>{0});     // cross scatter with the speed
+  w.put_vector(std::vector<double>{0.25});  // pending regressors (= the exo lags)
+  w.put(std::array<double, 2>{0, 0});       // proportional models: no data yet
   return w.str();
 }
 
-TEST(NarxCheckpoint, OlderFormatsLoadIntoTheSameState) {
-  auto from_v1 = make_predictor("narx", 1, 0), from_v2 = make_predictor("narx", 1, 0),
-       from_v3 = make_predictor("narx", 1, 0), from_v4 = make_predictor("narx", 1, 0);
-  from_v1->load_state(narx_state(1));
-  from_v2->load_state(narx_state(2));
-  from_v3->load_state(narx_state(3));
-  from_v4->load_state(narx_state(4));
-  ASSERT_EQ(from_v1->save_state(), from_v2->save_state());
-  ASSERT_EQ(from_v2->save_state(), from_v3->save_state());
-  ASSERT_EQ(from_v3->save_state(), from_v4->save_state());
-  ASSERT_EQ(from_v4->save_state(), narx_state(4));  // the hand-written layout is the real one
+TEST(NarxCheckpoint, TheHandWrittenLayoutIsTheSavedOne) {
+  auto p = make_predictor("narx", 1, 0);
+  p->load_state(narx_state());
+  ASSERT_EQ(p->save_state(), narx_state());
   for (int t = 0; t < 50; ++t) {
     const double s = 100 + 10 * std::sin(0.4 * t), u = 0.5 + 0.1 * std::cos(0.4 * t);
-    from_v1->observe(s, {u});
-    from_v3->observe(s, {u});
-    const double a = from_v1->predict({u}), b = from_v3->predict({u});
-    ASSERT_EQ(std::memcmp(&a, &b, sizeof a), 0) << "step " << t;
-    ASSERT_TRUE(std::isfinite(a) && a > 0);
+    p->observe(s, {u});
+    const double y = p->predict({u});
+    ASSERT_TRUE(std::isfinite(y) && y > 0) << "step " << t;
   }
-  for (int version : {1, 2, 3, 4}) {
-    std::string truncated = narx_state(version);
-    truncated.resize(truncated.size() - 5);
-    EXPECT_THROW(from_v1->load_state(truncated), std::invalid_argument) << version;
+  std::string truncated = narx_state();
+  truncated.resize(truncated.size() - 5);
+  EXPECT_THROW(p->load_state(truncated), std::invalid_argument);
+}
+
+// narx/1 to narx/3 were never released: their readers are gone, and such a state is refused with a message
+// naming the format found, the one read and the way out, leaving the predictor as it was.
+TEST(NarxCheckpoint, AnUnreleasedEarlierFormatIsRefusedNamingBothFormats) {
+  auto p = make_predictor("narx", 1, 0);
+  p->load_state(narx_state());
+  for (const std::string old : {"narx/1", "narx/2", "narx/3"}) {
+    try {
+      p->load_state(narx_state(old));
+      ADD_FAILURE() << old << " was loaded";
+    } catch (const std::invalid_argument& e) {
+      const std::string want = "predictor state has format '" + old + "', this lbbsp reads 'narx/4' only";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("start afresh"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(p->save_state(), narx_state()) << old;
   }
 }
 
