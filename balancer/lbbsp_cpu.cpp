@@ -15,6 +15,8 @@
 namespace lbbsp::balancer::detail {
 namespace {
 
+constexpr const char* kStateTag = "lbbsp-cpu/4";  // the one format read: docs/checkpoints.md
+
 // Exogenous vectors are fitted to the configured length, and non-finite entries zeroed, before predictors see
 // them.
 std::vector<double> fit_exo(const std::vector<double>& exo, int num_exo) {
@@ -60,7 +62,7 @@ class LbbspCpuBalancer final : public BalancerBase {
     check_report(report);
     const std::vector<double> speeds = clipped_speeds(report);
     note_misses(speeds);
-    if (held_.empty()) held_ = report_batch(report);  // the split in flight (the initial one, or older state)
+    if (held_.empty()) held_ = report_batch(report);  // the split in flight (the initial one)
     BatchBounds bounds = bounds_for(&report);
     predicted_.resize(n());
     // Each worker's predictor state is independent: large fleets update in parallel (same results for any
@@ -104,7 +106,7 @@ class LbbspCpuBalancer final : public BalancerBase {
   }
   std::vector<double> predicted_speeds() const override { return predicted_; }
   std::string save_state() const override {
-    StateWriter w(StateOf::balancer, "lbbsp-cpu/4");
+    StateWriter w(StateOf::balancer, kStateTag);
     w.put_string(spec_);
     w.put_vector(predicted_);
     w.put_vector(base_speed_);
@@ -117,19 +119,8 @@ class LbbspCpuBalancer final : public BalancerBase {
     for (const auto& p : predictors_) w.put_string(p->save_state());
     return w.str();
   }
-  // "lbbsp-cpu/4" (this version), "lbbsp-cpu/3" (no averaged speeds of the held split), "lbbsp-cpu/2" (the
-  // last report's misses only, not the last few) or "lbbsp-cpu" (before the noise band: no held split or
-  // misses).
   void load_state(const std::string& state) override {
-    const auto has_tag = [&](const char* tag) {
-      return state.rfind(StateWriter(StateOf::balancer, tag).str(), 0) == 0;
-    };
-    const int version = has_tag("lbbsp-cpu/4")   ? 4
-                        : has_tag("lbbsp-cpu/3") ? 3
-                        : has_tag("lbbsp-cpu/2") ? 2
-                                                 : 1;
-    static const char* const kTags[] = {"", "lbbsp-cpu", "lbbsp-cpu/2", "lbbsp-cpu/3", "lbbsp-cpu/4"};
-    StateReader r(StateOf::balancer, state, kTags[version]);
+    StateReader r(StateOf::balancer, state, kStateTag);
     if (r.get_string() != spec_)
       throw std::invalid_argument("lbbsp-cpu: state was saved with another predictor");
     predicted_ = r.get_vector<double>();
@@ -137,28 +128,19 @@ class LbbspCpuBalancer final : public BalancerBase {
     signal_base_ = r.get_vector<double>();
     if (base_speed_.size() != n() || signal_base_.size() != n())
       throw std::invalid_argument("lbbsp-cpu: state is for another worker count");
-    held_.clear();
-    recent_miss2_.clear();
-    streak_.clear();
-    miss2_ = miss_weight_ = 0;
-    if (version >= 2) {
-      held_ = r.get_vector<int64_t>();
-      const std::vector<double> miss = r.get_vector<double>();
-      if (!held_.empty() && held_.size() != n())
-        throw std::invalid_argument("lbbsp-cpu: state is for another worker count");
-      if (miss.size() != (version == 2 ? 3u : 2u))
-        throw std::invalid_argument("lbbsp-cpu: bad miss statistics");
-      miss2_ = miss[0], miss_weight_ = miss[1];
-      recent_miss2_ = version == 2 ? std::vector<double>{miss[2]} : r.get_vector<double>();
-      if (recent_miss2_.size() > kRecentSteps) throw std::invalid_argument("lbbsp-cpu: bad miss statistics");
-    }
-    if (version >= 4) {
-      streak_.shares = r.get_vector<double>();
-      const std::vector<double> steps = r.get_vector<double>();
-      if ((!streak_.shares.empty() && streak_.shares.size() != n()) || steps.size() != 1 || steps[0] < 0)
-        throw std::invalid_argument("lbbsp-cpu: bad averaged speeds of the held split");
-      streak_.steps = static_cast<size_t>(steps[0]);
-    }
+    held_ = r.get_vector<int64_t>();
+    const std::vector<double> miss = r.get_vector<double>();
+    if (!held_.empty() && held_.size() != n())
+      throw std::invalid_argument("lbbsp-cpu: state is for another worker count");
+    if (miss.size() != 2u) throw std::invalid_argument("lbbsp-cpu: bad miss statistics");
+    miss2_ = miss[0], miss_weight_ = miss[1];
+    recent_miss2_ = r.get_vector<double>();
+    if (recent_miss2_.size() > kRecentSteps) throw std::invalid_argument("lbbsp-cpu: bad miss statistics");
+    streak_.shares = r.get_vector<double>();
+    const std::vector<double> steps = r.get_vector<double>();
+    if ((!streak_.shares.empty() && streak_.shares.size() != n()) || steps.size() != 1 || steps[0] < 0)
+      throw std::invalid_argument("lbbsp-cpu: bad averaged speeds of the held split");
+    streak_.steps = static_cast<size_t>(steps[0]);
     for (auto& p : predictors_) p->load_state(r.get_string());
   }
 
