@@ -40,6 +40,8 @@ fi
 [[ -f $DATA ]] || "$LBBSP" data import-fashion-mnist --out "$DATA"
 common=(--data "$DATA" --model mlp --global-batch $X --lr 0.2 --seed 1 --epochs 20 --max-iterations "$IT" --eval-every 25
         --test-subset 5000 --target-accuracy 0.85)
+# lbbsp.torch's runs: examples/torch_fmnist.py with the batches sliced from memory in the loop (no DataLoader).
+torch_run() { "$PY" examples/torch_fmnist.py --workers 0 --read memory "$@"; }
 # Where the emulated cost lands in the step (forward, loading, after backward) and, as "loader", the forward
 # placement with the batches read by a DataLoader with 2 workers: plain DDP and DDP + lbbsp for each.
 variants=("forward:--cost-at forward" "load:--cost-at load" "after-backward:--cost-at after-backward"
@@ -48,15 +50,15 @@ variants=("forward:--cost-at forward" "load:--cost-at load" "after-backward:--co
 # same runtime) for one placement; $3 ends the JSON's name.
 lbbsp_and_oracle() {
   local name=$1 args=$2 tag=$3
-  echo "== DDP + lbbsp, $name$tag"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --balancer lbbsp-cpu \
+  echo "== DDP + lbbsp, $name$tag"; torch_run "${common[@]}" --spawn $R --balancer lbbsp-cpu \
     --predictor narx --straggle $caps --cost-slope $SLOPE $args --summary-json "$OUT/ddp-lbbsp-$name$tag.json" |
     tail -1
-  echo "== DDP, oracle split, $name$tag"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --oracle \
+  echo "== DDP, oracle split, $name$tag"; torch_run "${common[@]}" --spawn $R --oracle \
     --straggle $caps --cost-slope $SLOPE $args --summary-json "$OUT/ddp-oracle-$name$tag.json" | tail -1
 }
 for v in "${variants[@]}"; do
   name=${v%%:*} args=${v#*:}
-  echo "== plain DDP, $name"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R --plain-ddp --straggle $caps \
+  echo "== plain DDP, $name"; torch_run "${common[@]}" --spawn $R --plain-ddp --straggle $caps \
     --cost-slope $SLOPE $args --summary-json "$OUT/plain-ddp-$name.json" | tail -1
   lbbsp_and_oracle "$name" "$args" ""
 done
@@ -66,7 +68,7 @@ done
 # No straggler: lbbsp-cpu against the equal split it should keep (every rank's modelled cost alike), alternated.
 for ((pair = 1; pair <= PAIRS; pair++)); do
   for b in bsp lbbsp-cpu; do
-    echo "== DDP + lbbsp $b, no straggler, pair $pair"; "$PY" scripts/torch_train.py "${common[@]}" --spawn $R \
+    echo "== DDP + lbbsp $b, no straggler, pair $pair"; torch_run "${common[@]}" --spawn $R \
       --balancer $b --predictor narx --straggle 1 --cost-slope $SLOPE --summary-json "$OUT/even-$b-$pair.json" |
       tail -1
   done

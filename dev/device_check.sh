@@ -273,12 +273,12 @@ t.run(pathlib.Path(tempfile.mkdtemp()), "cuda", "equal", 3)'
       # time goes.
       mkdir -p "$out/torch_cuda_cost" && pairs=${DEVICE_CHECK_CUDA_PAIRS:-"1 2 3"}
       models=${DEVICE_CHECK_CUDA_MODELS:-"mlp cnn"}
-      cost_run() {  # NAME MODEL RUNNER [torch_train.py flags...]
+      cost_run() {  # NAME MODEL RUNNER [examples/torch_fmnist.py flags...]
         local name=$1 model=$2 runner=$3 flags=(--balancer bsp)
         shift 3
         [[ $runner == plain-ddp ]] && flags=(--plain-ddp)
-        run_step "$name" 60 "$torch_py" scripts/torch_train.py --data "$data" --device cuda --spawn 1 --epochs 16 \
-          --max-iterations 500 --model "$model" "${flags[@]}" "$@"
+        run_step "$name" 60 "$torch_py" examples/torch_fmnist.py --data "$data" --device cuda --spawn 1 --epochs 16 \
+          --max-iterations 500 --global-batch 512 --lr 0.2 --workers 0 --read memory --model "$model" "${flags[@]}" "$@"
       }
       for model in $models; do
         for pair in $pairs; do
