@@ -182,17 +182,15 @@ def train_cmd(a, cfg, model, straggle, balancer, run_dir, iterations, target, gl
     return cmd
 
 
-FAILED_RUNS = []  # "scenario/balancer rN: first error line" of every run that failed (exit status 1 at the end)
-
-
-def run_failed(what, p):
+def run_failed(failed, what, p):
+    """Notes a failed run in `failed` ("scenario/balancer rN: first error line"; any makes the exit status 1)."""
     text = (p.stderr or p.stdout or "").strip()
     first = next((line for line in text.splitlines() if "error" in line.lower()), text.splitlines()[0] if text else "")
-    FAILED_RUNS.append(f"{what}: {first[:300]}")
+    failed.append(f"{what}: {first[:300]}")
     log(f"  {what}: FAILED (exit {p.returncode}): {text[-600:]}")
 
 
-def run_train(a, cfg, scenario, model, straggle, balancer, rep, iterations, target, global_batch=None):
+def run_train(a, cfg, failed, scenario, model, straggle, balancer, rep, iterations, target, global_batch=None):
     run_dir = os.path.join(a.out, "runs", f"{scenario}", f"{balancer.replace('/', '_')}-r{rep}")
     os.makedirs(run_dir, exist_ok=True)
     straggle = straggle.replace("{seed}", str(a.trace_seed + rep))
@@ -202,7 +200,7 @@ def run_train(a, cfg, scenario, model, straggle, balancer, rep, iterations, targ
     t = time.time()
     p = subprocess.run(cmd, env=mpirun_env(), cwd=ROOT, capture_output=True, text=True, timeout=a.run_timeout)
     if p.returncode != 0:
-        run_failed(f"{scenario}/{balancer} r{rep}", p)
+        run_failed(failed, f"{scenario}/{balancer} r{rep}", p)
         return None
     s = json.load(open(os.path.join(run_dir, "summary.json")))
     s["run_dir"] = run_dir
@@ -210,7 +208,7 @@ def run_train(a, cfg, scenario, model, straggle, balancer, rep, iterations, targ
     return s
 
 
-def run_peer(a, cfg, scenario, straggle, rep, iterations, target):
+def run_peer(a, cfg, failed, scenario, straggle, rep, iterations, target):
     run_dir = os.path.join(a.out, "runs", scenario, f"pytorch-ddp-r{rep}")
     os.makedirs(run_dir, exist_ok=True)
     factors = straggle.split(";")[0].split(":", 1)[1]
@@ -230,7 +228,7 @@ def run_peer(a, cfg, scenario, straggle, rep, iterations, target):
         log(f"  {scenario}/pytorch-ddp: timed out")
         return None
     if p.returncode != 0:
-        run_failed(f"{scenario}/pytorch-ddp r{rep}", p)
+        run_failed(failed, f"{scenario}/pytorch-ddp r{rep}", p)
         return None
     s = json.load(open(os.path.join(run_dir, "summary.json")))
     s["run_dir"] = run_dir
@@ -247,7 +245,7 @@ def load_run(a, scenario, balancer, rep):
     return s
 
 
-def run_sim(a, cfg):
+def run_sim(a, cfg, failed):
     """GPU-like profile on 32 simulated workers, trace-driven: JSON from lbbsp simulate."""
     out = os.path.join(a.out, "runs", "gpu-sim")
     os.makedirs(out, exist_ok=True)
@@ -262,7 +260,7 @@ def run_sim(a, cfg):
         f.write(" ".join(cmd) + "\n")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.run_timeout)
     if p.returncode != 0:
-        run_failed("gpu-sim", p)
+        run_failed(failed, "gpu-sim", p)
         return []
     j = json.loads(p.stdout)
     json.dump(j, open(os.path.join(out, "simulate.json"), "w"), indent=1)
@@ -605,7 +603,7 @@ def trace_ceiling(lbbsp, path, ranks_list, window_s, rate, windows, seed):
     return "\n".join(lines)
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lbbsp", default=os.path.join(ROOT, "build", "lbbsp"))
     ap.add_argument("--data", default=None, help="HDF5 dataset (default data/fmnist.h5; --smoke: synthetic)")
@@ -659,18 +657,24 @@ def main():
                     help="alibaba, bitbrains, planetlab (from ../shared/traces) or a path to such a file or folder")
     ap.add_argument("--ceiling-ranks", default="4,8,16")
     ap.add_argument("--ceiling-window", type=float, default=40.0, help="training seconds per window")
-    a = ap.parse_args()
-    if a.trace_ceiling:
-        path = (os.path.join(TRACES, CEILING_TRACES[a.ceiling_trace]) if a.ceiling_trace in CEILING_TRACES
-                else a.ceiling_trace)
-        if not os.path.exists(path):
-            sys.exit(f"experiment.py: no trace '{path}' (--ceiling-trace: {', '.join(CEILING_TRACES)} or a path)")
-        if not os.access(a.lbbsp, os.X_OK):
-            sys.exit(f"experiment.py: no lbbsp binary at '{a.lbbsp}' (build it, or pass --lbbsp PATH)")
-        print(trace_ceiling(os.path.abspath(a.lbbsp), path,
-                            [int(x) for x in a.ceiling_ranks.split(",")], a.ceiling_window,
-                            a.trace_rate if a.trace_rate > 0 else 60.0 / a.trace_scale, 2000, a.trace_seed))
-        return
+    return ap.parse_args()
+
+
+def print_trace_ceiling(a):
+    """--trace-ceiling: the ideal speed-up over BSP that a utilisation trace allows; no runs."""
+    path = (os.path.join(TRACES, CEILING_TRACES[a.ceiling_trace]) if a.ceiling_trace in CEILING_TRACES
+            else a.ceiling_trace)
+    if not os.path.exists(path):
+        sys.exit(f"experiment.py: no trace '{path}' (--ceiling-trace: {', '.join(CEILING_TRACES)} or a path)")
+    if not os.access(a.lbbsp, os.X_OK):
+        sys.exit(f"experiment.py: no lbbsp binary at '{a.lbbsp}' (build it, or pass --lbbsp PATH)")
+    print(trace_ceiling(os.path.abspath(a.lbbsp), path,
+                        [int(x) for x in a.ceiling_ranks.split(",")], a.ceiling_window,
+                        a.trace_rate if a.trace_rate > 0 else 60.0 / a.trace_scale, 2000, a.trace_seed))
+
+
+def prepare(a):
+    """Checks the binary, makes the output folder and (--smoke) the synthetic dataset; returns the mode's config."""
     a.out = a.out or os.path.join(ROOT, "results", f"experiment-{datetime.datetime.now():%Y%m%d-%H%M%S}")
     a.lbbsp = os.path.abspath(a.lbbsp)
     if not os.access(a.lbbsp, os.X_OK):
@@ -686,14 +690,30 @@ def main():
                         "--seed", "1", "--out", a.data], check=True, capture_output=True)
     if not os.path.exists(a.data):
         sys.exit(f"experiment.py: no dataset at '{a.data}' (lbbsp data import-fashion-mnist --out {a.data})")
-    peer_ok = (not a.no_peer and cfg["peer"] and subprocess.run(
-        [a.torch_python, "-c", "import torch, torch.distributed, lbbsp"], capture_output=True).returncode == 0)
-    if cfg["peer"] and not a.no_peer and not peer_ok:
-        log(f"experiment.py: no torch or lbbsp for {a.torch_python}; skipping the pytorch-ddp peer")
+    return cfg
 
-    t0 = time.time()
+
+def peer_available(a, cfg):
+    """Whether the PyTorch DDP peer runs: wanted, and --torch-python imports torch and lbbsp."""
+    if a.no_peer or not cfg["peer"]:
+        return False
+    ok = subprocess.run([a.torch_python, "-c", "import torch, torch.distributed, lbbsp"],
+                        capture_output=True).returncode == 0
+    if not ok:
+        log(f"experiment.py: no torch or lbbsp for {a.torch_python}; skipping the pytorch-ddp peer")
+    return ok
+
+
+def first_command(a, scenario, name):
+    """The command line repeat 0 of one run was started with (its runs/ folder's command.txt)."""
+    return open(os.path.join(a.out, "runs", scenario, f"{name.replace('/', '_')}-r0", "command.txt")).read().strip()
+
+
+def run_scenarios(a, cfg, failed, peer, t0):
+    """Every scenario x balancer (and the peer on the static scenario), --repeats times, or with --rebuild their
+    saved summaries; returns {scenario: {balancer: [summary or None per repeat]}} and the commands of repeat 0."""
     runs = {s: {b: [] for b in v["balancers"]} for s, v in cfg["scenarios"].items()}
-    if peer_ok and "static" in runs:
+    if peer and "static" in runs:
         runs["static"]["pytorch-ddp"] = []
     commands = []
     for rep in range(cfg["repeats"]):
@@ -704,7 +724,7 @@ def main():
             target = None if scenario in ("gpu-emu", "static-sleep") else cfg["target"]
             for b in v["balancers"]:
                 s = (load_run(a, scenario, b, rep) if a.rebuild
-                     else run_train(a, cfg, scenario, "mlp", v["straggle"], b, rep, iters, target,
+                     else run_train(a, cfg, failed, scenario, "mlp", v["straggle"], b, rep, iters, target,
                                     v.get("global_batch")))
                 runs[scenario][b].append(s)
                 if s:
@@ -713,29 +733,36 @@ def main():
                         f"  acc {s['test_accuracy']:.4f}" +
                         ("  COLLAPSED to chance accuracy (lower --lr)" if collapsed(s) else ""))
                 if rep == 0:
-                    commands.append(open(os.path.join(a.out, "runs", scenario, f"{b.replace('/', '_')}-r0",
-                                                      "command.txt")).read().strip())
-            if scenario == "static" and peer_ok:
+                    commands.append(first_command(a, scenario, b))
+            if scenario == "static" and peer:
                 s = (load_run(a, scenario, "pytorch-ddp", rep) if a.rebuild
-                     else run_peer(a, cfg, scenario, v["straggle"], rep, iters, target))
+                     else run_peer(a, cfg, failed, scenario, v["straggle"], rep, iters, target))
                 runs[scenario]["pytorch-ddp"].append(s)
                 if s:
                     log(f"[{time.time() - t0:6.0f} s] {scenario:8s} pytorch-ddp      iter "
                         f"{s['mean_iteration_s']*1000:7.1f} ms  tta {s.get('time_to_target_s')}")
                 if rep == 0:
-                    commands.append(open(os.path.join(a.out, "runs", scenario, "pytorch-ddp-r0",
-                                                      "command.txt")).read().strip())
-    if cfg.get("cnn") and "static" in cfg["scenarios"]:
-        cfg_cnn = dict(cfg, target=0.89)
-        runs["static-cnn"] = {}
-        for b in ["bsp", "lbbsp-cpu/narx", "oracle"]:
-            s = (load_run(a, "static-cnn", b, 0) if a.rebuild
-                 else run_train(a, cfg_cnn, "static-cnn", "cnn", cfg["scenarios"]["static"]["straggle"], b, 0,
-                                a.iterations or 1500, 0.89))
-            runs["static-cnn"][b] = [s]
-            if s:
-                log(f"[{time.time() - t0:6.0f} s] static-cnn {b:16s} iter {s['mean_iteration_s']*1000:7.1f} ms"
-                    f"  tta {s.get('time_to_target_s')}")
+                    commands.append(first_command(a, scenario, "pytorch-ddp"))
+    return runs, commands
+
+
+def run_cnn(a, cfg, failed, t0):
+    """--full: the CNN to 0.89 on the static scenario, BSP, LB-BSP and the oracle, once each."""
+    cfg_cnn = dict(cfg, target=0.89)
+    runs = {}
+    for b in ["bsp", "lbbsp-cpu/narx", "oracle"]:
+        s = (load_run(a, "static-cnn", b, 0) if a.rebuild
+             else run_train(a, cfg_cnn, failed, "static-cnn", "cnn", cfg["scenarios"]["static"]["straggle"], b, 0,
+                            a.iterations or 1500, 0.89))
+        runs[b] = [s]
+        if s:
+            log(f"[{time.time() - t0:6.0f} s] static-cnn {b:16s} iter {s['mean_iteration_s']*1000:7.1f} ms"
+                f"  tta {s.get('time_to_target_s')}")
+    return runs
+
+
+def report(a, cfg, failed, runs, commands, t0):
+    """The rows of every scenario (and the simulated GPU cluster), the plots, results.md; exits 1 if a run failed."""
     rows = []
     for scenario, rb in runs.items():
         rows += aggregate(scenario, rb, cfg["target2"])
@@ -744,7 +771,7 @@ def main():
                   (f" (global batch {v['global_batch']})" if v.get("global_batch") else "")
                   for k, v in cfg["scenarios"].items()}
     if cfg["sim"]:
-        rows += run_sim(a, cfg)
+        rows += run_sim(a, cfg, failed)
         commands.append(open(os.path.join(a.out, "runs", "gpu-sim", "command.txt")).read().strip())
         scen_specs["gpu-sim"] = "lbbsp simulate --profile gpu, 32 workers, Alibaba traces"
     if rows:
@@ -752,9 +779,24 @@ def main():
     write_tables(a, cfg, rows, scen_specs, commands)
     log(open(os.path.join(a.out, "results.md")).read())
     log(f"experiment.py: {len(rows)} rows in {time.time() - t0:.0f} s; results in {a.out}")
-    if FAILED_RUNS:
-        sys.exit(f"experiment.py: {len(FAILED_RUNS)} run(s) failed (logs above, commands in {a.out}/runs):\n  " +
-                 "\n  ".join(FAILED_RUNS))
+    if failed:
+        sys.exit(f"experiment.py: {len(failed)} run(s) failed (logs above, commands in {a.out}/runs):\n  " +
+                 "\n  ".join(failed))
+
+
+def main():
+    a = parse_args()
+    if a.trace_ceiling:
+        print_trace_ceiling(a)
+        return
+    cfg = prepare(a)
+    peer = peer_available(a, cfg)
+    failed = []  # every failed run, named with its first error line
+    t0 = time.time()
+    runs, commands = run_scenarios(a, cfg, failed, peer, t0)
+    if cfg.get("cnn") and "static" in cfg["scenarios"]:
+        runs["static-cnn"] = run_cnn(a, cfg, failed, t0)
+    report(a, cfg, failed, runs, commands, t0)
 
 
 if __name__ == "__main__":
