@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Everything we measure on a 16-core GPU machine (one H200, no network, none of our packages), in one go and
-# under 9 minutes, into the folder $OUT names (docs/device_check.md: how to carry it there and read the results):
+# lbbsp on a GPU machine with many cores (written for one H200, 16 cores), in one go within one time budget
+# (--budget, 9 minutes), into the folder $OUT names (docs/device_check.md: how to run it and read the results):
 #   1. gpu        the GPU tests and the time-vs-batch table: dev/gpu_check.sh --bundle (status "no GPU" when
 #                 nvidia-smi sees none)
 #   2. scaling    strong and weak scaling of `lbbsp train`, MLP and CNN, 1 2 4 8 16 ranks, one core per rank
@@ -15,10 +15,11 @@
 #   6. telemetry  bench/telemetry_overhead.sh: 4 ranks x 120,000 iterations with and without --log-dir/--timeline
 # Every step runs under `timeout` within one overall budget and the script goes on past a failed step; each step's
 # status is a line of $OUT/status.tsv (step, status, seconds, note), the log is $OUT/summary.txt. With a python3
-# (h5py/matplotlib optional) it also writes $OUT/tables.md (dev/device_tables.py; rerun it here otherwise).
+# (h5py/matplotlib optional) it also writes $OUT/tables.md (dev/device_tables.py OUT, to run again elsewhere).
 #
-#   dev/device_check.sh --bundle DIR[.tar.xz]   on the GPU machine (bundle from dev/gpu_bundle.sh)
-#   dev/device_check.sh --dry-run               every step at toy size here (2 cores, oversubscribed)
+#   dev/device_check.sh                         with this checkout's build (build/lbbsp, build/bench, build/tests)
+#   dev/device_check.sh --bundle DIR[.tar.xz]   with a bundle from dev/gpu_bundle.sh (a machine without build tools)
+#   dev/device_check.sh --dry-run               every step at toy size, on any machine (2 cores: oversubscribed)
 # Options: --lbbsp PATH (without --bundle; default build/lbbsp), --ranks "1 2 4 8 16" (scaling), --budget S (overall
 # seconds, default 540; dry run 300), --steps gpu,scaling,interference,torch,kernels,telemetry (a subset, same
 # order; torch_cuda: the torch step without its CPU benchmark).
@@ -278,7 +279,8 @@ t.run(pathlib.Path(tempfile.mkdtemp()), "cuda", "equal", 3)'
         shift 3
         [[ $runner == plain-ddp ]] && flags=(--plain-ddp)
         run_step "$name" 60 "$torch_py" examples/torch_fmnist.py --data "$data" --device cuda --spawn 1 --epochs 16 \
-          --max-iterations 500 --global-batch 512 --lr 0.2 --workers 0 --read memory --model "$model" "${flags[@]}" "$@"
+          --max-iterations 500 --global-batch 512 --lr 0.2 --workers 0 --read memory --model "$model" "${flags[@]}" \
+          "$@"
       }
       for model in $models; do
         for pair in $pairs; do
