@@ -68,7 +68,7 @@ nlohmann::json meta_of(const CheckpointIdentity& id, const TrainState& st) {
           {"lag", st.lag},
           {"balancer", st.balancer},
           {"stats", st.stats},
-          {"optimizer", st.optimizer ? to_json(*st.optimizer) : nlohmann::json()}};
+          {"optimizer", to_json(st.optimizer)}};
 }
 
 uint64_t checksum(const std::string& meta, const TrainState& st) {
@@ -101,6 +101,22 @@ void expect_equal(const char* what, const T& have, const T& want, const std::str
   throw std::invalid_argument("checkpoint '" + path + "' was written for " + what + " " +
                               nlohmann::json(have).dump() + ", this run has " + nlohmann::json(want).dump() +
                               " (" + hint + ")");
+}
+
+// Checkpoints record the optimiser since before the first release; the ones written before (format 1 too,
+// without "optimizer" in their metadata) are refused: docs/checkpoints.md.
+bool has_optimizer_record(const nlohmann::json& meta) {
+  return meta.contains("optimizer") && !meta.at("optimizer").is_null();
+}
+
+[[noreturn]] void refuse_without_optimizer_record(const std::string& path) {
+  throw std::invalid_argument(
+      "checkpoint '" + path +
+      "' has format 1 without an optimiser record (written by an unreleased lbbsp, "
+      "before checkpoints recorded --lr, --lr-schedule, --warmup-iterations, --momentum "
+      "and --weight-decay); this lbbsp reads format 1 with that record only "
+      "(docs/checkpoints.md). Start afresh: run without --resume, or with a new "
+      "--checkpoint-dir");
 }
 
 // The whole checkpoint as an HDF5 file image built in memory: HDF5 never touches the disk, so a full disk
@@ -268,13 +284,13 @@ TrainState read_checkpoint(const std::string& path, const CheckpointIdentity& wa
     st.lag = meta.at("lag").get<int>();
     st.balancer = meta.at("balancer").get<std::string>();
     st.stats = meta.at("stats");
-    if (meta.contains("optimizer") && !meta.at("optimizer").is_null())
-      st.optimizer = optimizer_record_from_json(meta.at("optimizer"));
+    if (has_optimizer_record(meta)) st.optimizer = optimizer_record_from_json(meta.at("optimizer"));
   } catch (const CheckpointCorrupt& e) {
     throw CheckpointCorrupt("checkpoint '" + path + "' is corrupt: " + e.what());
   } catch (const std::exception& e) {
     throw CheckpointCorrupt("checkpoint '" + path + "' is corrupt: " + e.what());
   }
+  if (!has_optimizer_record(meta)) refuse_without_optimizer_record(path);
   // Valid bytes: now is it the same training?
   expect_equal("model", meta.at("model").get<std::string>(), want.model, path, "--model");
   expect_equal("global batch", meta.at("global_batch").get<int64_t>(), want.global_batch, path,

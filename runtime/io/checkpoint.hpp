@@ -6,7 +6,6 @@
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -55,7 +54,7 @@ struct TrainState {
   std::vector<int64_t> pending;  // lag L: the L batch vectors already decided after `batch` (R x L)
   std::string balancer_state;    // Balancer::save_state()
   nlohmann::json stats;          // the trainer's running statistics (summary, curve), opaque here
-  std::optional<OptimizerRecord> optimizer;  // absent in checkpoints written before lbbsp recorded it
+  OptimizerRecord optimizer;
 };
 
 // Bytes that fail their checksum or cannot be read at all.

@@ -43,8 +43,8 @@ RunStats RunStats::from_json(const nlohmann::json& j) {
   s.last_test_loss = num(j.at("last_test_loss"));
   s.time_to_target = j.at("time_to_target");
   s.curve = j.at("curve");
-  if (j.contains("predicted")) s.predicted = j.at("predicted").get<std::vector<double>>();
-  s.io_before = j.value("io_time", 0.0);  // absent in checkpoints of older versions
+  s.predicted = j.at("predicted").get<std::vector<double>>();
+  s.io_before = j.at("io_time");
   return s;
 }
 

@@ -25,7 +25,7 @@ struct RunStats {
   // The checkpoint's "stats" object (keys and types as in every checkpoint so far); io_now: this run's
   // logging time, stored with io_before as "io_time".
   nlohmann::json to_json(double io_now) const;
-  // The inverse. "io_time" and "predicted" may be absent (older checkpoints).
+  // The inverse; throws nlohmann::json::exception when a key is missing.
   static RunStats from_json(const nlohmann::json& j);
 };
 

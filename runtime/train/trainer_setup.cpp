@@ -299,14 +299,7 @@ bool Trainer::load_checkpoint(TrainState* st, std::string* used, std::string* me
 // Rank 0: a checkpoint whose optimiser differs from this run's is refused (the run would continue on another
 // learning-rate curve without a word), or with --allow-optimizer-change each difference is printed.
 void Trainer::check_optimizer(const TrainState& st, const std::string& used) const {
-  if (!st.optimizer) {
-    std::fprintf(stderr,
-                 "lbbsp: warning: checkpoint '%s' predates recorded optimiser settings: --lr, --lr-schedule, "
-                 "--warmup-iterations, --momentum and --weight-decay are not checked against it\n",
-                 used.c_str());
-    return;
-  }
-  const auto changes = optimizer_changes(*st.optimizer, optimizer_);
+  const auto changes = optimizer_changes(st.optimizer, optimizer_);
   if (changes.empty()) return;
   std::string list;
   for (const auto& c : changes) list += (list.empty() ? "" : "; ") + c;

@@ -1,10 +1,12 @@
 // runtime/io/checkpoint: round trip, newest-K pruning, names that are not checkpoints, corrupt and mismatched
-// files.
+// files, the optimiser record and files without it.
 #include "runtime/io/checkpoint.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -135,17 +137,62 @@ OptimizerRecord cosine(int64_t horizon) {
 }
 }  // namespace
 
-TEST(Checkpoint, RecordsTheOptimizerAndReadsOlderFilesWithout) {
+TEST(Checkpoint, RecordsTheOptimizer) {
   TempDir d;
   auto st = state(9);
   st.optimizer = cosine(60);
-  auto path = write_checkpoint(d.path, identity(), st, 2);
-  const auto back = read_checkpoint(path, identity());
-  ASSERT_TRUE(back.optimizer.has_value());
-  EXPECT_EQ(*back.optimizer, cosine(60));
-  // A checkpoint written before the record existed has none: read as absent, not as a default optimiser.
-  const auto old = read_checkpoint(write_checkpoint(d.path, identity(), state(10), 2), identity());
-  EXPECT_FALSE(old.optimizer.has_value());
+  const auto back = read_checkpoint(write_checkpoint(d.path, identity(), st, 2), identity());
+  EXPECT_EQ(back.optimizer, cosine(60));
+}
+
+namespace {
+// Makes PATH (written from `st`) a checkpoint as lbbsp wrote them before they recorded the optimiser: the
+// "optimizer" key of its metadata renamed in place (so absent), the checksum recomputed as lbbsp does.
+void drop_optimizer_record(const std::string& path, const TrainState& st) {
+  h5::Handle f = h5::open_file(path, true);
+  h5::Handle ds = h5::open_dataset(f, "meta", path);
+  std::string meta(h5::dims(ds)[0], '\0');
+  ASSERT_GE(H5Dread(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, meta.data()), 0);
+  const size_t at = meta.find("\"optimizer\"");
+  ASSERT_NE(at, std::string::npos) << meta;
+  meta.replace(at, 11, "\"Optimizer\"");
+  ASSERT_GE(H5Dwrite(ds, H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, meta.data()), 0);
+  uint64_t h = fnv1a64(meta.data(), meta.size());
+  h = fnv1a64(st.params.data(), st.params.size() * sizeof(float), h);
+  h = fnv1a64(st.velocity.data(), st.velocity.size() * sizeof(float), h);
+  h = fnv1a64(st.batch.data(), st.batch.size() * sizeof(int64_t), h);
+  h = fnv1a64(st.pending.data(), st.pending.size() * sizeof(int64_t), h);
+  h = fnv1a64(st.balancer_state.data(), st.balancer_state.size(), h);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016" PRIx64, h);
+  h5::Handle root(H5Gopen2(f, "/", H5P_DEFAULT));
+  h5::write_string_attr(root, "checksum_fnv1a64", hex);
+}
+}  // namespace
+
+// Checkpoints without the optimiser record were never released: one is refused (not skipped as corrupt),
+// naming the file, the format found, the format read and the way out.
+TEST(Checkpoint, OneWithoutTheOptimizerRecordIsRefusedNamingTheFix) {
+  TempDir d;
+  auto st = state(9);
+  st.optimizer = cosine(60);
+  const std::string path = write_checkpoint(d.path, identity(), st, 2);
+  drop_optimizer_record(path, st);
+  try {
+    read_checkpoint(path, identity());
+    FAIL() << "a checkpoint without the optimiser record was read";
+  } catch (const CheckpointCorrupt& e) {
+    FAIL() << "refused as corrupt (the test's checksum is wrong?): " << e.what();
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    const std::vector<std::string> wants = {
+        "checkpoint '" + path + "' has format 1 without an optimiser record",
+        "this lbbsp reads format 1 with that record only", "run without --resume"};
+    for (const std::string& want : wants) EXPECT_NE(what.find(want), std::string::npos) << what;
+  }
+  std::string used;
+  std::vector<std::string> skipped;
+  EXPECT_THROW(load_newest_checkpoint(d.path, identity(), &used, &skipped), std::invalid_argument);
 }
 
 TEST(Checkpoint, OptimizerChangesNameEachFlag) {
