@@ -16,16 +16,28 @@ DDP model (its SUM hook), replaces the DataLoader by the balancer's over the sam
 every step; Accelerate's sharding is not applied to it), makes ``accelerator.backward`` scale the loss to the rank's
 share of the global batch first, makes ``optimizer.step()`` end with ``lb.step()``, and registers the balancer for
 ``accelerator.save_state`` / ``load_state``. Needs ``pip install accelerate``.
+
+FSDP2: with ``Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, ...))`` (GPUs: Accelerate
+1.15 applies the plugin only to multi-GPU and other accelerator runs, and ignores it on CPUs, where it wraps the
+model in DDP) ``accelerator.prepare`` shards the model and the balancer is built on the sharded model (its SUM
+reductions). A model sharded before ``prepare`` (``fully_shard`` on its blocks and on the root, any device and
+process-group backend, gloo included) is used as it is: Accelerate registers it without wrapping it in DDP
+(``prepare_model(model, evaluation_mode=True)``: mixed precision and torch.compile as configured), and
+``accelerator.accumulate(model)`` / ``no_sync(model)`` skip its reduce-scatters before a step's last micro-batch.
+``accelerator.save_state`` cannot save such a model (it saves the main process's tensors) and says so: save the
+model, the optimizer and ``lb.state_dict()`` with ``torch.distributed.checkpoint`` (docs/accelerate.md).
 """
 
+import contextlib
 import os
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from .torch import LoadBalancer
 from .torch.exchange import is_collective_error
+from .torch.fsdp import is_fsdp2
 from .torch.sampler import default_global_batch, require_map_style
 
 __all__ = ["prepare"]
@@ -51,9 +63,21 @@ def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Opt
     if global_batch is None:
         global_batch = default_global_batch(dataloader, accelerator.num_processes, accumulate,
                                             "lbbsp.accelerate.prepare", "global_batch=")
-    model, optimizer = accelerator.prepare(model, optimizer)
-    ddp = model if hasattr(model, "register_comm_hook") else None
-    lb = LoadBalancer(ddp, dataset_size=len(dataset), global_batch=global_batch, balancer=balancer,
+    sharded = _unwrapped(model)
+    if is_fsdp2(sharded) and not getattr(accelerator, "is_fsdp2", False):
+        # Sharded by the user; Accelerate without its FSDP2 plugin (the CPU) would wrap it in DDP, which refuses
+        # its DTensor parameters: registered as it is (mixed precision and compile applied, no DDP).
+        model = accelerator.prepare_model(model, evaluation_mode=True)
+        optimizer = accelerator.prepare_optimizer(optimizer)
+        _sync_once_per_step(accelerator, model, sharded)
+        _refuse_save_state(accelerator)
+    else:
+        model, optimizer = accelerator.prepare(model, optimizer)
+    if is_fsdp2(_unwrapped(model)):
+        balanced: Optional[torch.nn.Module] = _unwrapped(model)  # FSDP2: Accelerate's plugin or the user's
+    else:
+        balanced = model if hasattr(model, "register_comm_hook") else None  # DDP
+    lb = LoadBalancer(balanced, dataset_size=len(dataset), global_batch=global_batch, balancer=balancer,
                       predictor=predictor, seed=seed, min_batch=min_batch, timeout_s=timeout_s, monitor=monitor,
                       micro_batches=accumulate)
     prefetch = dataloader.prefetch_factor if dataloader.num_workers > 0 else None
@@ -64,6 +88,45 @@ def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Opt
     _step_after(accelerator, optimizer, lb)
     accelerator.register_for_checkpointing(lb)
     return model, optimizer, loader, lb
+
+
+def _unwrapped(model: Any) -> Any:
+    """The module under torch.compile's wrapper (OptimizedModule keeps it as ``_orig_mod``)."""
+    return getattr(model, "_orig_mod", model)
+
+
+def _sync_once_per_step(accelerator: Any, model: Any, sharded: torch.nn.Module) -> None:
+    """accelerator.no_sync(model), which accelerator.accumulate(model) enters on all but a step's last
+    micro-batch: for a model the user sharded, FSDP2's set_requires_gradient_sync(False) (Accelerate's own no_sync
+    knows DDP's and its FSDP2 plugin's models only; without it every micro-batch would reduce-scatter, and the
+    balancer's report would leave after the first)."""
+    original = accelerator.no_sync
+
+    @contextlib.contextmanager
+    def no_sync(m: Any = None) -> Iterator[None]:
+        if m is not model and _unwrapped(m) is not sharded:
+            with original(m):
+                yield
+            return
+        sharded.set_requires_gradient_sync(False)  # type: ignore[operator]
+        try:
+            yield
+        finally:
+            sharded.set_requires_gradient_sync(True)  # type: ignore[operator]
+    accelerator.no_sync = no_sync
+
+
+def _refuse_save_state(accelerator: Any) -> None:
+    """accelerator.save_state() would save the sharded model as its main process's shards (safetensors fails on
+    them: "invalid python storage"); say what saves it instead."""
+    def save_state(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("lbbsp.accelerate: accelerator.save_state cannot save a model sharded with fully_shard "
+                           "before prepare (Accelerate saves the main process's tensors, not every rank's shard): "
+                           "save the model, the optimizer and the balancer with torch.distributed.checkpoint, "
+                           "dcp.save({'model': model_state, 'optim': optim_state, 'lb': lb.state_dict()}, "
+                           "checkpoint_id=DIR) with (model_state, optim_state) = torch.distributed.checkpoint."
+                           "state_dict.get_state_dict(model, optimizer.optimizer)")
+    accelerator.save_state = save_state
 
 
 def _no_process_group() -> str:

@@ -156,6 +156,50 @@ def _compile_worker(out):
     acc.wait_for_everyone()
 
 
+def _fsdp_worker(out):
+    """A model sharded with fully_shard (each Linear and the root) before prepare, the Accelerator given an FSDP2
+    plugin as on GPUs (Accelerate 1.15 drops it on CPUs: see test_accelerate_fully_sharded_model...);
+    gradient_accumulation_steps=2 with a DataLoader of 4 per rank: global batch 3 x 4 x 2 = 24 on 3 ranks."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    recorder = Recorder(out)
+    acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2, log_with=[recorder],
+                                 fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))
+    acc.init_trackers("lbbsp")
+    mesh = init_device_mesh("cpu", (acc.num_processes,))  # over the process group Accelerator() made
+    net = make_model()
+    for m in net:
+        if isinstance(m, torch.nn.Linear):
+            fully_shard(m, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    x, y = data()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4, shuffle=True)
+    model, opt, loader, lb = lbbsp.accelerate.prepare(acc, net, opt, loader, balancer="random:5", seed=3,
+                                                      monitor=fixed_metrics)
+    sizes, micro = [], []
+    for _epoch in range(2):
+        for xb, yb in loader:
+            with acc.accumulate(model):
+                if len(micro) % 2 == 0:
+                    sizes.append(lb.batch_sizes.tolist())
+                micro.append(len(yb))
+                acc.backward(F.cross_entropy(model(xb), yb))  # the usual mean loss
+                opt.step()
+                opt.zero_grad()
+    params = torch.cat([p.full_tensor().detach().flatten() for p in model.parameters()]).numpy()  # every rank
+    try:
+        acc.save_state(os.path.join(out, "state"))
+        refused = ""
+    except RuntimeError as e:
+        refused = str(e)
+    write_pickle(os.path.join(out, f"fsdp-{acc.process_index}.pkl"),
+                 {"params": params, "sizes": sizes, "micro": micro, "logged": recorder.logged,
+                  "model": type(model).__name__, "refused": refused})
+    acc.wait_for_everyone()
+
+
 def _run(*args, cli=False, hostfile=None, processes=3):
     """3 CPU processes from a fresh interpreter (forked from pytest's process the workers hang): Accelerate's
     Python launcher; with cli=True torchrun (how Accelerate runs several CPU processes without MPI; unlike the
@@ -253,8 +297,8 @@ if __name__ == "__main__":
     elif mode == "exact":
         accelerate.debug_launcher(_worker, args=(args[0], int(args[1]), bool(int(args[2]))), num_processes=3)
     else:
-        accelerate.debug_launcher({"hang": _hang_worker, "bf16": _bf16_worker}[mode], args=(args[0],),
-                                  num_processes=3)
+        accelerate.debug_launcher({"hang": _hang_worker, "bf16": _bf16_worker, "fsdp": _fsdp_worker}[mode],
+                                  args=(args[0],), num_processes=3)
 
 
 def test_accelerate_compiled_model_equals_one_process(tmp_path):
@@ -282,3 +326,28 @@ def test_example_runs_and_the_slowed_rank_gets_fewer_samples(tmp_path):
     assert last, run.stdout
     fast, slow = map(int, last[-1])
     assert fast + slow == 60 and slow < 0.5 * fast, last
+
+
+def test_accelerate_fully_sharded_model_with_accumulation_equals_one_process(tmp_path):
+    """FSDP2 on CPUs: Accelerate 1.15 applies FullyShardedDataParallelPlugin only to multi-GPU (and other
+    accelerator) runs; on CPUs it drops it and wraps the model in DDP (accelerate/state.py, AcceleratorState:
+    distributed_type becomes FSDP only from MULTI_GPU, MULTI_NPU, ...), and prepare_model refuses a model that holds
+    DTensor parameters there ("... incompatible with DDP"). A model the user sharded before prepare is used as it
+    is (not wrapped), its reduce-scatters skipped inside accumulate() before a step's last micro-batch: every rank
+    equals one process. accelerator.save_state, which would save the main process's shards, says what to use."""
+    fsdp = pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 is PyTorch 2.x (python.torch2)")
+    if not hasattr(fsdp, "FSDPModule") or not hasattr(fsdp.FSDPModule, "set_custom_reduce_scatter"):
+        pytest.skip("FSDP2 with custom collectives is PyTorch >= 2.8 (python.torch2)")
+    run = _run("fsdp", tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    got = [read_pickle(tmp_path / f"fsdp-{r}.pkl") for r in range(3)]
+    assert all(g["model"].startswith("FSDP") for g in got), [g["model"] for g in got]  # not wrapped in DDP
+    sizes = np.array(got[0]["sizes"])
+    micro = np.array([g["micro"] for g in got])
+    assert micro.shape == (3, 40) and (micro[:, ::2] + micro[:, 1::2] == sizes.T).all(), micro
+    logged = got[0]["logged"]  # accelerator.log runs on the main process
+    assert [step for step, _ in logged] == list(range(1, 21)), logged
+    assert all(v["lbbsp/batch_size"] == sizes[k, 0] for k, (_, v) in enumerate(logged)), (logged, sizes[:, 0])
+    assert_random5_equals_one_process(got, sizes)
+    assert all("save the model, the optimizer and the balancer with torch.distributed.checkpoint" in g["refused"]
+               for g in got), [g["refused"] for g in got]  # accelerator.save_state: not the main process's shards
