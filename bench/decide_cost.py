@@ -4,7 +4,7 @@ same balancer on the same reports each step (no sizes travel back), so this is p
 
     bench/decide_cost.py [--workers 4,16,64,256] [--steps 300]
 
-Prints, per predictor and rank count, the median, 90th percentile and maximum of Balancer._next_checked (the call
+Prints, per predictor and rank count, the median, 90th percentile and maximum of Balancer.next_unchecked (the call
 LoadBalancer.step() makes) over the steps after 50 of warm-up, with speeds that drift per rank and 5% noise. A tight
 loop: caches stay warm, so a training step, where they are cold, pays somewhat more."""
 import argparse
@@ -26,7 +26,7 @@ def decide_ms(predictor: str, workers: int, steps: int) -> np.ndarray:
         speed = 1000 * (1 + 0.5 * np.sin(np.arange(workers) + k / 10)) * (1 + 0.05 * rng.standard_normal(workers))
         compute = np.ascontiguousarray(sizes / speed)
         t = time.perf_counter()
-        sizes = b._next_checked(sizes.astype(np.int64), compute, exo, exo, no_cap)
+        sizes = b.next_unchecked(sizes.astype(np.int64), compute, exo, exo, no_cap)
         times.append(time.perf_counter() - t)
     return np.array(times[50:]) * 1e3
 

@@ -145,12 +145,6 @@ class Balancer:
         self._iteration += 1
         return np.asarray(out, dtype=np.int64)
 
-    def _next_checked(self, batch: np.ndarray, compute_s: np.ndarray, exo: np.ndarray, exo_next: np.ndarray,
-                      mem_cap: np.ndarray, capacity: np.ndarray = EMPTY_F64,
-                      capacity_next: np.ndarray = EMPTY_F64) -> np.ndarray:
-        """The former name of :meth:`next_unchecked`, still called by lbbsp.torch.controller."""
-        return self.next_unchecked(batch, compute_s, exo, exo_next, mem_cap, capacity, capacity_next)
-
     def predicted_speeds(self) -> np.ndarray:
         """Speeds (samples/s) predicted in the last decision, per worker; empty when the balancer has none."""
         return np.asarray(self._impl.predicted_speeds(), dtype=np.float64)

@@ -28,7 +28,8 @@ from harness import CLASSES, DIM, data, finish, init, make_model, one_process, r
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lbbsp.torch import LoadBalancer
-from lbbsp.torch.controller import cuda_cap
+from lbbsp.torch.clock import DeviceClock
+from lbbsp.torch.memory import DeviceMemory, cuda_cap
 
 # LBBSP_REQUIRE_CUDA=1 (dev/device_check.sh on a GPU machine): the "cuda" runs fail rather than skip there.
 RUN_CUDA = torch.cuda.is_available() or os.environ.get("LBBSP_REQUIRE_CUDA") == "1"
@@ -169,10 +170,9 @@ class _Rank:
 
     def balancer(self, model, **kw):
         lb = LoadBalancer(model, monitor=lambda: [1.0, 0.5, 0.0], **kw)
-        if self.fake is not None:
-            assert hasattr(lb, "_cuda") and hasattr(lb, "_device"), "the controller's CUDA switch was renamed"
-            lb._cuda, lb._device = True, self.model_device
-        assert lb._cuda and lb._device == self.model_device, (lb._cuda, lb._device)
+        if self.fake is not None:  # the model is on the host: the controller on the stand-in device's clock
+            lb.clock, lb.memory = DeviceClock(self.model_device), DeviceMemory(self.model_device)
+        assert lb.clock.on_device and lb.clock.device == lb.memory.device == self.model_device, lb.clock
         return lb
 
     def work(self, n, seconds):
@@ -185,7 +185,8 @@ class _Rank:
 
     def checks(self, lb):
         """What every run checks on its rank: the devices named, the user's peak kept, the cap's figures."""
-        out = {"bytes_per_sample": lb._bytes_per_sample, "cap": lb._mem_cap(), "measured_s": lb._measured_s}
+        out = {"bytes_per_sample": lb.memory.bytes_per_sample, "cap": lb.memory.cap(),
+               "measured_s": lb.figures()["lbbsp/measured_s"]}
         if self.fake is not None:
             out["devices"] = sorted({str(d) for d in self.fake.devices})
             out["device_syncs"], out["ahead_s"] = self.fake.device_syncs, self.fake.ahead_s
@@ -320,3 +321,49 @@ def test_cuda_memory_cap_bounds_the_batch(tmp_path):
     assert got[0]["cap"] > 48, got[0]["cap"]
     assert sizes[0].tolist() == [24, 24], sizes[0]  # before any report: the equal split
     assert (sizes.sum(axis=1) == 48).all() and (sizes[1:, 1] <= 8).all(), sizes
+
+
+def _fsdp_worker(rank, world, store, out):
+    from torch.distributed.fsdp import fully_shard
+    torch.set_num_threads(1)
+    dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    x, y = (t.to(device) for t in data())
+    net = make_model().to(device)
+    for m in net:
+        if isinstance(m, torch.nn.Linear):
+            fully_shard(m)
+    model = fully_shard(net)
+    lb = LoadBalancer(model, dataset_size=len(x), global_batch=24, balancer="random:5", seed=3, lag=1,
+                      monitor=lambda: [1.0, 0.5, 0.0])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sizes = []
+    for g in range(20):
+        idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch))).to(device)
+        sizes.append(lb.batch_sizes.tolist())
+        lb.scale(F.cross_entropy(model(x[idx]), y[idx], reduction="sum"), reduction="sum").backward()
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    params = torch.cat([p.full_tensor().detach().flatten() for p in model.parameters()]).cpu().numpy()
+    write_pickle(os.path.join(out, f"cuda-fsdp-{rank}.pkl"), dict(
+        sizes=sizes, params=params, on_device=lb.clock.on_device, bytes_per_sample=lb.memory.bytes_per_sample,
+        measured_s=lb.figures()["lbbsp/measured_s"]))
+    finish()
+
+
+@pytest.mark.skipif(not RUN_CUDA, reason="no CUDA device: dev/device_check.sh runs these on a GPU machine")
+def test_fsdp2_on_the_device_is_exact(tmp_path):
+    """FSDP2 (fully_shard per layer and at the root) on NCCL, a rank per device up to 3 (one GPU: world size 1):
+    the step timed on the device's clock, the memory per sample read, equal to one process."""
+    world = max(1, min(3, torch.cuda.device_count()))
+    spawn(_fsdp_worker, world, tmp_path, start_method="spawn")
+    got = [read_pickle(tmp_path / f"cuda-fsdp-{r}.pkl") for r in range(world)]
+    ref = one_process(20, 24)
+    for r, g in enumerate(got):
+        assert g["sizes"] == got[0]["sizes"] and g["on_device"], (r, g["sizes"][-1], g["on_device"])
+        assert g["bytes_per_sample"] > 0 and np.isfinite(g["measured_s"]), (r, g)
+        rel = np.linalg.norm(g["params"] - ref) / np.linalg.norm(ref)
+        assert rel < 1e-10, f"rank {r}: relative difference {rel:.3g} from one process"

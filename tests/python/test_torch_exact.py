@@ -40,7 +40,7 @@ from lbbsp.torch import LoadBalancer
 def test_reports_riding_in_a_gradient_bucket_are_exact(dtype):
     """The report block appended to the last bucket: summed over 3 ranks it gives every report back exactly,
     the CRC-32 included (two 16-bit halves: float32 holds integers to 2^24)."""
-    from lbbsp.torch.exchange import CHECKSUM, REPORT, read_rows, write_row
+    from lbbsp.torch.report import CHECKSUM, REPORT, read_rows, write_row
     reports = np.array([[r * 100 + k + 0.25 for k in range(REPORT)] for r in range(3)])
     reports[:, CHECKSUM] = [0xFFFFFFFF, 0x80000001, 12345]
     blocks = [torch.full((3, REPORT + 1), 7.0, dtype=dtype) for _ in range(3)]  # stale values: write_row zeros them
@@ -78,7 +78,7 @@ def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, 
     params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
     np.save(os.path.join(out, f"exact-{world}-{rank}.npy"), params)
     # Which way the reports travelled, and how many piggyback buffers that took (reused once read).
-    paths = {"rides": lb._exchange.rides, "gathers": lb._exchange.gathers, "buffers": lb._exchange.buffers_made}
+    paths = {"rides": lb.exchange.rides, "gathers": lb.exchange.gathers, "buffers": lb.exchange.buffers_made}
     if compile_backend is not None:  # frames dynamo compiled (else the model ran eagerly and proved nothing)
         paths["compiled"] = torch._dynamo.utils.counters["frames"]["ok"]
     write_pickle(os.path.join(out, f"sizes-{world}-{rank}.pkl"), (sizes, paths))

@@ -262,7 +262,7 @@ def test_step_does_not_wait_for_work_after_backward(tmp_path, lag):
 
 
 def test_cuda_cap_counts_the_allocators_cache():
-    from lbbsp.torch.controller import cuda_cap
+    from lbbsp.torch.memory import cuda_cap
     assert cuda_cap(free=1000, cached=200, bytes_per_sample=10.0) == 120
     assert cuda_cap(free=1000, cached=-5, bytes_per_sample=10.0) == 100
     assert cuda_cap(free=0, cached=0, bytes_per_sample=10.0) == 1
