@@ -38,24 +38,22 @@ from lbbsp.torch import LoadBalancer
 def test_monitor_is_the_runtimes():
     """lbbsp.torch measures with the C++ runtime's /proc monitor (the same code as `lbbsp train`)."""
     m = lbbsp.torch.ResourceMonitor()
-    assert isinstance(m._monitor, lbbsp._lbbsp.ResourceMonitor)
+    assert isinstance(m.source, lbbsp._lbbsp.ResourceMonitor)
     cpu, mem, load = m.sample()
     assert 0 <= cpu <= 1 and 0 < mem <= 1 and load >= 0, (cpu, mem, load)
 
 
-def test_monitor_reads_proc_at_most_every_min_interval(monkeypatch):
+def test_monitor_reads_proc_at_most_every_min_interval():
     """Samples closer than min_interval_s repeat the last read (/proc costs ~70 us; its CPU figures move in 10 ms
     ticks); one at the interval reads again."""
-    m = lbbsp.torch.ResourceMonitor(min_interval_s=0.01)
     reads = []
 
     class Proc:
         def sample(self):
             reads.append(len(reads))
             return [1.0, 0.5, float(len(reads))]
-    m._monitor = Proc()
     clock = iter([100.0, 100.004, 100.0099, 100.0101, 100.0202])
-    monkeypatch.setattr(lbbsp.torch.monitor, "_clock", lambda: next(clock))
+    m = lbbsp.torch.ResourceMonitor(min_interval_s=0.01, source=Proc(), clock=lambda: next(clock))
     got = [m.sample()[2] for _ in range(5)]
     assert got == [1.0, 1.0, 1.0, 2.0, 3.0], got
 

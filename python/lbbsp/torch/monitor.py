@@ -2,11 +2,9 @@
 (runtime/monitor.cpp, compiled into the extension), so lbbsp.torch and ``lbbsp train`` report the same."""
 
 import time
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 from .. import _lbbsp
-
-_clock = time.monotonic  # the module's clock (a test replaces it)
 
 
 class ResourceMonitor:
@@ -17,14 +15,17 @@ class ResourceMonitor:
     moves in 10 ms ticks (the C++ monitor reports its last full window of them meanwhile) and reading /proc
     costs ~70 us, a few percent of a step of a millisecond or two."""
 
-    def __init__(self, min_interval_s: float = 0.01) -> None:
-        self._monitor = _lbbsp.ResourceMonitor()
+    def __init__(self, min_interval_s: float = 0.01, source: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        #: what reads /proc: the C++ runtime's monitor (anything with a sample() of the same figures will do)
+        self.source = source if source is not None else _lbbsp.ResourceMonitor()
         self.min_interval_s = min_interval_s
+        self._clock = clock
         self._last: Optional[List[float]] = None
         self._read_at = 0.0
 
     def sample(self) -> List[float]:
-        now = _clock()
+        now = self._clock()
         if self._last is None or now - self._read_at >= self.min_interval_s:
-            self._last, self._read_at = list(self._monitor.sample()), now
+            self._last, self._read_at = list(self.source.sample()), now
         return self._last
