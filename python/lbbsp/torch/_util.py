@@ -5,6 +5,6 @@ from typing import Any
 from .._checks import check_int
 
 
-def _positive_int(value: Any, name: str, minimum: int = 1) -> int:
+def positive_int(value: Any, name: str, minimum: int = 1) -> int:
     """lbbsp._checks.check_int with lbbsp.torch's defaults: at least 1, messages starting ``LoadBalancer: ``."""
     return check_int(value, name, minimum, prefix="LoadBalancer: ")

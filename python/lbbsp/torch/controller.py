@@ -14,7 +14,7 @@ import torch.distributed as dist
 import lbbsp
 
 from . import ddp, fsdp
-from ._util import _positive_int
+from ._util import positive_int
 from .clock import DeviceClock, HostClock
 from .exchange import ReportExchange, group_ranks
 from .loss import LossScale
@@ -77,13 +77,13 @@ class LoadBalancer:
                  micro_batches: int = 1) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("LoadBalancer: call torch.distributed.init_process_group() first")
-        self.dataset_size = _positive_int(dataset_size, "dataset_size")
-        self.global_batch = _positive_int(global_batch, "global_batch")
+        self.dataset_size = positive_int(dataset_size, "dataset_size")
+        self.global_batch = positive_int(global_batch, "global_batch")
         if self.global_batch > self.dataset_size:
             raise ValueError(f"LoadBalancer: global_batch {global_batch} exceeds dataset_size {dataset_size}")
         self._auto_lag = lag is None
-        self.lag = 0 if lag is None else _positive_int(lag, "lag", 0)
-        self.seed = _positive_int(seed, "seed", 0)
+        self.lag = 0 if lag is None else positive_int(lag, "lag", 0)
+        self.seed = positive_int(seed, "seed", 0)
         self.timeout_s = _timeout(timeout_s)
         self._ranks = group_ranks(process_group)
         if dist.get_rank() not in self._ranks:
@@ -112,7 +112,7 @@ class LoadBalancer:
         self._monitor = monitor if monitor is not None else ResourceMonitor().sample
         if not callable(self._monitor):
             raise TypeError(f"LoadBalancer: monitor must be callable, got {type(monitor).__name__}")
-        self.micro_batches = _positive_int(micro_batches, "micro_batches", 1)
+        self.micro_batches = positive_int(micro_batches, "micro_batches", 1)
         #: the loss's scale and its checks (lbbsp.torch.loss)
         self.loss = LossScale(self.global_batch, self.micro_batches, check_loss, model)
         # Seconds this rank spent in step() ("step_s"), blocked there waiting for reports ("wait_s") and
@@ -234,10 +234,10 @@ class LoadBalancer:
 
     def indices(self, epoch: int, step: int) -> np.ndarray:
         """This rank's sample indices (int64, possibly empty) for ``step`` of ``epoch``."""
-        step = _positive_int(step, "step", 0)
+        step = positive_int(step, "step", 0)
         if step >= self.steps_per_epoch:
             raise ValueError(f"LoadBalancer: step {step} is past the epoch's {self.steps_per_epoch} steps")
-        sizes = self.sizes_at(_positive_int(epoch, "epoch", 0) * self.steps_per_epoch + step)
+        sizes = self.sizes_at(positive_int(epoch, "epoch", 0) * self.steps_per_epoch + step)
         if self._plain_bn and not self._warned_bn and len(set(sizes.tolist())) > 1:
             warnings.warn("LoadBalancer: the model has plain BatchNorm layers and the ranks' batch sizes differ: "
                           "each rank normalises over its own batch (a rank with 1 sample cannot). On GPUs use "

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import torch
 
-from ._util import _positive_int
+from ._util import positive_int
 from .sizes import micro_split
 
 
@@ -41,7 +41,7 @@ class LossScale:
             raise RuntimeError(f"LoadBalancer.scale: step {step}: called more than micro_batches="
                                f"{self.micro_batches} times; call it once per micro-batch, then lb.step()")
         if count is not None:
-            n = _positive_int(count, "count", 0)
+            n = positive_int(count, "count", 0)
         elif self.micro_batches > 1:
             n = micro_split(batch, self.micro_batches)[self.calls]
         else:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional
 import numpy as np
 import torch
 
-from ._util import _positive_int
+from ._util import positive_int
 
 if TYPE_CHECKING:
     from .controller import LoadBalancer
@@ -18,11 +18,11 @@ def required_lag(num_workers: int, prefetch_factor: Optional[int] = None, micro_
     """The steps a DataLoader reads ahead of the one being trained, so the ``lag`` its batch sampler needs:
     0 without workers, else ``num_workers * prefetch_factor`` batches (PyTorch's default prefetch_factor is 2),
     which are that many over ``micro_batches`` steps when each step is several micro-batches."""
-    workers = _positive_int(num_workers, "num_workers", 0)
-    micro = _positive_int(micro_batches, "micro_batches", 1)
+    workers = positive_int(num_workers, "num_workers", 0)
+    micro = positive_int(micro_batches, "micro_batches", 1)
     if workers == 0:
         return 0
-    ahead = workers * (2 if prefetch_factor is None else _positive_int(prefetch_factor, "prefetch_factor", 1))
+    ahead = workers * (2 if prefetch_factor is None else positive_int(prefetch_factor, "prefetch_factor", 1))
     return -(-ahead // micro)
 
 
@@ -97,11 +97,11 @@ class BalancedBatchSampler:
         self.lb, self._started = lb, None  # (epoch, first step) of the latest iteration
         # A loop that counts the steps done before a resume itself (Lightning's) wants the whole epoch's length.
         self.whole_epoch_len = whole_epoch_len
-        self._epoch = None if epoch is None else _positive_int(epoch, "epoch", 0)
+        self._epoch = None if epoch is None else positive_int(epoch, "epoch", 0)
 
     def set_epoch(self, epoch: Optional[int]) -> None:
         """The epoch the next iteration covers (None: the run's current epoch), checked when iterating."""
-        self._epoch = None if epoch is None else _positive_int(epoch, "epoch", 0)
+        self._epoch = None if epoch is None else positive_int(epoch, "epoch", 0)
 
     def _plan(self):
         lb, spe = self.lb, self.lb.steps_per_epoch
