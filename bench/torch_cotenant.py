@@ -30,14 +30,13 @@ ideal speed-up, rank 1's mean share) and writes every run's per-step record to -
 """
 
 import argparse
-import gzip
 import json
 import os
 import socket
 import sys
 import time
-from pathlib import Path
 
+import cotenants  # bench/cotenants.py: the co-tenant processes
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -50,49 +49,7 @@ import lbbsp
 from lbbsp.torch import LoadBalancer, sum_allreduce_hook
 
 X, STEPS_PER_EPOCH = 128, 100
-TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/alibaba_v2018_machine_usage/machine_usage.csv.gz"
 RUNNERS = ["plain", "lbbsp", "omnilearn", "naive", "timed"]
-
-
-# ---- the co-tenant (runs in its own process, pinned to core 1) ----
-
-def spin_until(t):
-    while time.perf_counter() < t:
-        pass
-
-
-def trace_shares(machine="m_1937", start=6200, count=600):
-    """CPU shares in [0, 1] of one machine's utilisation series (the real trace where present)."""
-    if TRACE.exists():
-        with gzip.open(TRACE, "rt") as f:
-            rows = [line.split(",") for line in f if line.startswith(machine + ",")]
-        return [float(r[2]) / 100.0 for r in rows[start:start + count]]
-    g = np.random.default_rng(1)
-    return list(np.clip(0.5 + 0.4 * np.sin(np.arange(count) / 3.0) + g.normal(0, 0.1, count), 0, 1))
-
-
-def cotenant(kind, period, tick):
-    os.sched_setaffinity(0, {1})
-    if kind == "steady":
-        while True:
-            pass
-    elif kind == "onoff":
-        while True:
-            spin_until(time.perf_counter() + period)
-            time.sleep(period)
-    elif kind == "trace":
-        shares = trace_shares()
-        while True:
-            for u in shares:
-                end = time.perf_counter() + tick
-                while time.perf_counter() < end:  # u of each 10 ms slice busy
-                    spin_until(time.perf_counter() + 0.01 * u)
-                    time.sleep(0.01 * (1.0 - u))
-    elif kind == "membw":
-        a, b = np.ones(1 << 23), np.empty(1 << 23)
-        while True:
-            np.copyto(b, a)
-            np.copyto(a, b)
 
 
 # ---- the ranks ----
@@ -246,10 +203,7 @@ def free_port():
 
 
 def run(runner, a, folder, tag):
-    tenant = None
-    if a.scenario != "none":
-        tenant = mp.get_context("fork").Process(target=cotenant, args=(a.scenario, a.period, a.tick), daemon=True)
-        tenant.start()
+    tenant = cotenants.start(a.scenario, core=1, period=a.period, tick=a.tick)
     out = os.path.join(folder, f"{tag}.json")
     try:
         mp.start_processes(rank_main, args=(2, free_port(), runner, a, out), nprocs=2, start_method="fork")

@@ -1,0 +1,74 @@
+"""Real co-tenants for the interference benchmarks: a process pinned to one core that takes its CPU (or its memory
+bandwidth) as a neighbour on a shared machine does. Plain Python and NumPy: no torch, no lbbsp.
+
+    steady   spinning for the whole run
+    onoff    spinning PERIOD s, idle PERIOD s
+    trace    a real utilisation series replayed: the share u of each tick burnt in 10 ms slices (Alibaba 2018
+             co-located machine m_1937 from sample 6200: mean share 0.56, SD 0.25, from ../shared/traces; else a
+             built-in series)
+    membw    a STREAM-like copy of two 64 MB arrays (memory bandwidth and the core)
+    none     no co-tenant
+"""
+
+import gzip
+import multiprocessing
+import os
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+
+KINDS = ["none", "steady", "onoff", "trace", "membw"]
+TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/alibaba_v2018_machine_usage/machine_usage.csv.gz"
+
+
+def spin_until(t: float) -> None:
+    while time.perf_counter() < t:
+        pass
+
+
+def trace_shares(machine: str = "m_1937", start: int = 6200, count: int = 600) -> List[float]:
+    """CPU shares in [0, 1] of one machine's utilisation series (the real trace where present)."""
+    if TRACE.exists():
+        with gzip.open(TRACE, "rt") as f:
+            rows = [line.split(",") for line in f if line.startswith(machine + ",")]
+        return [float(r[2]) / 100.0 for r in rows[start:start + count]]
+    g = np.random.default_rng(1)
+    return list(np.clip(0.5 + 0.4 * np.sin(np.arange(count) / 3.0) + g.normal(0, 0.1, count), 0, 1))
+
+
+def run(kind: str, core: int, period: float, tick: float) -> None:
+    """The co-tenant's body (never returns): ``kind`` on CPU ``core``."""
+    os.sched_setaffinity(0, {core})
+    if kind == "steady":
+        while True:
+            pass
+    elif kind == "onoff":
+        while True:
+            spin_until(time.perf_counter() + period)
+            time.sleep(period)
+    elif kind == "trace":
+        shares = trace_shares()
+        while True:
+            for u in shares:
+                end = time.perf_counter() + tick
+                while time.perf_counter() < end:  # u of each 10 ms slice busy
+                    spin_until(time.perf_counter() + 0.01 * u)
+                    time.sleep(0.01 * (1.0 - u))
+    elif kind == "membw":
+        a, b = np.ones(1 << 23), np.empty(1 << 23)
+        while True:
+            np.copyto(b, a)
+            np.copyto(a, b)
+
+
+def start(kind: str, core: int = 1, period: float = 1.5, tick: float = 0.5) -> Optional[multiprocessing.Process]:
+    """Starts the co-tenant in a process of its own (None for "none"); stop it with .kill()."""
+    if kind == "none":
+        return None
+    if kind not in KINDS:
+        raise ValueError(f"co-tenant {kind!r}: choose one of {', '.join(KINDS)}")
+    p = multiprocessing.get_context("spawn").Process(target=run, args=(kind, core, period, tick), daemon=True)
+    p.start()
+    return p

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""`lbbsp train` against a real co-tenant: `--balancer bsp` and `lbbsp-cpu` side by side in one run.
+
+Two MPI ranks bound to cores 0 and 1 (`mpirun --bind-to core --map-by core`), the CNN on a synthetic 28x28 set
+(`lbbsp data synth`), global batch --batch. A co-tenant process pinned to core 1 (bench/cotenants.py: steady,
+onoff, trace, membw, none) takes rank 1's CPU. Runners, each a fresh run under the same co-tenant, in rotating
+order over --repeats rounds:
+
+    bsp     the equal split (plain BSP)
+    lbbsp   --balancer lbbsp-cpu --predictor narx
+
+The ideal comes from the bsp runs' telemetry: each iteration's per-rank compute time at its batch gives each rank's
+speed under its co-tenant; the ideal iteration computes X / (sum of the speeds) where bsp computes the slowest rank's
+time, so ideal speed-up = mean(max_r compute_r) / mean(X / sum_r speed_r) (communication not counted).
+
+Prints a Markdown table (mean iteration after warm-up, min-max over rounds; speed-up over bsp; fraction of the ideal
+speed-up; rank 1's mean share).
+
+    python3 bench/train_cotenant.py --scenario steady --repeats 3 --out results/train-cotenant
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cotenants  # bench/cotenants.py
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNERS = {"bsp": ["--balancer", "bsp"], "lbbsp": ["--balancer", "lbbsp-cpu", "--predictor", "narx"]}
+
+
+def dataset(args: argparse.Namespace) -> Path:
+    path = Path(args.out) / "synth784.h5"
+    if not path.exists():
+        subprocess.run([args.lbbsp, "data", "synth", "--samples", "60000", "--features", "784", "--out", str(path)],
+                       check=True)
+    return path
+
+
+def train(args: argparse.Namespace, runner: str, data: Path, tag: str) -> dict:
+    log = Path(args.out) / tag
+    cmd = [args.mpirun, "-n", "2", "--bind-to", "core", "--map-by", "core", args.lbbsp, "train", "--data", str(data),
+           "--model", "cnn", "--global-batch", str(args.batch), "--max-iterations", str(args.iterations),
+           "--eval-every", "0", "--quiet", "--log-dir", str(log), "--csv", "--summary-json", str(log / "summary.json"),
+           *RUNNERS[runner]]
+    tenant = cotenants.start(args.scenario, core=1, period=args.period, tick=args.tick)
+    try:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    finally:
+        if tenant is not None:
+            tenant.kill()
+            tenant.join()
+    return summarise(log / "telemetry.csv", args.warmup, args.batch)
+
+
+def summarise(telemetry: Path, warmup: int, batch: int) -> dict:
+    """Mean iteration (the slowest rank's compute + wait + allreduce + balancer), rank 1's share, and the ideal."""
+    rows = [r for r in csv.DictReader(open(telemetry)) if int(r["iteration"]) >= warmup]
+    by_it: dict = {}
+    for r in rows:
+        by_it.setdefault(int(r["iteration"]), {})[int(r["rank"])] = r
+    its = [v for v in by_it.values() if len(v) == 2]
+    total = [max(float(v[r]["compute_s"]) + float(v[r]["wait_s"]) + float(v[r]["allreduce_s"]) +
+                 float(v[r]["balancer_s"]) for r in v) for v in its]
+    compute = np.array([[float(v[r]["compute_s"]) for r in (0, 1)] for v in its])
+    sizes = np.array([[float(v[r]["batch"]) for r in (0, 1)] for v in its])
+    speeds = sizes / np.maximum(compute, 1e-9)
+    return {"iteration": float(np.mean(total)), "share1": float(np.mean(sizes[:, 1])),
+            "slowest": float(np.mean(compute.max(axis=1))), "ideal": float(np.mean(batch / speeds.sum(axis=1)))}
+
+
+def table(results: dict) -> str:
+    base = np.mean([r["iteration"] for r in results["bsp"]])
+    ideal = np.mean([r["slowest"] / r["ideal"] for r in results["bsp"]])
+    rows = ["| runner | mean iteration ms (min-max) | vs bsp | of ideal | rank 1's share |",
+            "|---|---:|---:|---:|---:|"]
+    for name, runs in results.items():
+        ms = [r["iteration"] * 1e3 for r in runs]
+        speedup = base * 1e3 / np.mean(ms)
+        of_ideal = (speedup - 1) / (ideal - 1) if ideal > 1.01 else math.nan
+        rows.append(f"| {name} | {np.mean(ms):.1f} ({min(ms):.1f}-{max(ms):.1f}) | {speedup:.2f}x | {of_ideal:.2f} | "
+                    f"{np.mean([r['share1'] for r in runs]):.1f} |")
+    return "\n".join(rows) + f"\n\nideal speed-up over bsp: {ideal:.2f}x"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scenario", choices=cotenants.KINDS, default="steady")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=400)
+    p.add_argument("--warmup", type=int, default=40)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--period", type=float, default=1.5, help="onoff: seconds on, then off")
+    p.add_argument("--tick", type=float, default=0.5, help="trace: seconds a trace sample lasts")
+    p.add_argument("--lbbsp", default=str(ROOT / "build" / "lbbsp"))
+    p.add_argument("--mpirun", default=os.environ.get("MPIEXEC", "mpirun"))
+    p.add_argument("--out", default="results/train-cotenant")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    data = dataset(args)
+    results: dict = {name: [] for name in RUNNERS}
+    names = list(RUNNERS)
+    for round_ in range(args.repeats):
+        for name in names[round_ % 2:] + names[:round_ % 2]:
+            results[name].append(train(args, name, data, f"{args.scenario}-{name}-{round_}"))
+            print(f"round {round_} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
+    print(f"lbbsp train, co-tenant {args.scenario}, 2 ranks bound to cores 0 and 1, CNN, batch {args.batch}, "
+          f"{args.iterations} iterations ({args.warmup} not counted), {args.repeats} rounds")
+    print(table(results))
+    with open(Path(args.out) / f"{args.scenario}.json", "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()
