@@ -282,3 +282,42 @@ def test_fsdp_resumes_at_another_world_size_with_dcp(tmp_path):
     assert [g["steps"] for g in load_ranks(tmp_path, "dcp-resume", 3)] == [20] * 3
     assert_equal_to_one_process(one_process(20, 24), [tmp_path / f"dcp-resume-{r}.npy" for r in range(3)])
 
+
+
+# ---- step() waits for no rank's work after backward ----
+
+
+def _no_wait_worker(rank, world, store, out, lag):
+    init(rank, world, store)
+    x, y = data()
+    model = shard(make_model(), world)
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="lbbsp-cpu", predictor="ema", lag=lag,
+                      monitor=fixed_metrics, timeout_s=30)
+    stepped = os.path.join(out, f"stepped-{lag}")
+    result = "finished"
+    try:
+        for g in range(6):
+            idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+            lb.scale(F.cross_entropy(model(x[idx]), y[idx])).backward()
+            if rank == 1 and g == 3:  # rank 1 holds on after backward until rank 0 is through step()
+                for _ in range(600):
+                    if os.path.exists(stepped):
+                        break
+                    time.sleep(0.1)
+                else:
+                    result = "rank 0 did not get through step() while rank 1 held on"
+            lb.step()
+            if rank == 0 and g == 3:
+                open(stepped, "w").close()
+    except RuntimeError as e:
+        result = str(e)
+    dump_rank(out, f"nowait-{lag}", rank, result)
+    finish()
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_fsdp_step_does_not_wait_for_work_after_backward(tmp_path, lag):
+    """The report leaves at the end of backward: rank 0's step() goes through while rank 1 holds on after its
+    backward (with lag 0 too: rank 1's report of the step has left)."""
+    spawn(_no_wait_worker, 2, tmp_path, lag)
+    assert load_ranks(tmp_path, f"nowait-{lag}", 2) == ["finished", "finished"]
