@@ -14,6 +14,7 @@ import datetime
 import itertools
 import os
 import pickle
+import random
 import socket
 import subprocess
 import time
@@ -57,10 +58,30 @@ def source_dir():
 
 
 def free_port():
-    """A TCP port free on 127.0.0.1 now (for MASTER_PORT)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port free on 127.0.0.1 now (for MASTER_PORT), below the kernel's ephemeral range. A port the kernel
+    handed out (bind to 0) is free again once closed, and until rank 0's store binds it the kernel may give it to
+    any other socket: a gloo listener of a test running beside (pytest-xdist) took one, the other rank connected to
+    it and waited in the store's handshake for good. Ports below the range are never handed out that way."""
+    low = _ephemeral_low()
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.randrange(10000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # taken: try another
+                continue
+            return port
+    raise RuntimeError(f"free_port: no free port in 10000-{low - 1} after 200 tries")
+
+
+def _ephemeral_low():
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 # ---- ranks as processes ----

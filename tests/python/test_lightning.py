@@ -20,6 +20,7 @@ from harness import (  # noqa: E402
     assert_random5_equals_one_process,
     data,
     fixed_metrics,
+    free_port,
     make_model,
     one_process,
     read_pickle,
@@ -34,10 +35,10 @@ from lbbsp.lightning import LoadBalancedDDP  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _own_master_port():
-    """Each test finds its own free port. Lightning's launcher writes MASTER_PORT into this process's environment,
-    so every later test in the same pytest worker (and the subprocesses they start) would reuse the first test's
-    port, free for minutes in between, where another worker's gloo sockets may have taken it."""
-    os.environ.pop("MASTER_PORT", None)
+    """Each test its own free port, below the ephemeral range (harness.free_port; Lightning's own pick is a port
+    the kernel handed out, which another worker's gloo socket may take before rank 0 binds it). Lightning's launcher
+    keeps MASTER_PORT in this process's environment: dropped after the test, so the next one picks afresh."""
+    os.environ["MASTER_PORT"] = str(free_port())
     yield
     os.environ.pop("MASTER_PORT", None)
 

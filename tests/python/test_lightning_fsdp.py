@@ -27,6 +27,7 @@ from harness import (  # noqa: E402
     dump_rank,
     finish,
     fixed_metrics,
+    free_port,
     init,
     make_model,
     one_process,
@@ -104,7 +105,7 @@ def fits(tmp_path_factory):
     out = tmp_path_factory.mktemp("lightning_fsdp")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)),
                                                         os.environ.get("PYTHONPATH", "")]))
-    env.pop("MASTER_PORT", None)  # Lightning's launcher finds a free one
+    env["MASTER_PORT"] = str(free_port())  # below the ephemeral range (harness.free_port)
     run = subprocess.run([sys.executable, os.path.abspath(__file__), str(out)], cwd=out, env=env,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]

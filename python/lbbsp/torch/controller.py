@@ -336,7 +336,7 @@ class LoadBalancer:
         # On CUDA step k+1's window is open on the device since step k's allreduce: waiting here for other ranks'
         # reports (lag 0) leaves the device idle, which is not this rank's work (two events, ~20 us each: only
         # where the reports have not all arrived).
-        blocks = not from_step and not self._arrived_through(k - self.lag)
+        blocks = self.clock.on_device and not from_step and not self._arrived_through(k - self.lag)
         with self.clock.off_the_clock() if blocks else contextlib.nullcontext():
             self._decide_through(k - self.lag, block=True)  # step k+1's sizes
         if self.lag:
