@@ -150,6 +150,16 @@ def read_pickle(path):
         return pickle.load(f)
 
 
+def appears(path, limit_s=60.0):
+    """Whether ``path`` exists within ``limit_s`` (looked for every 0.1 s; the limit is a hang guard): a rank
+    holding on until another rank has got somewhere."""
+    for _ in range(int(limit_s * 10)):
+        if os.path.exists(path):
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def dump_rank(out, name, rank, result):
     """A worker's result, one pickle per rank (read back with load_ranks)."""
     write_pickle(os.path.join(out, f"{name}-{rank}.pkl"), result)

@@ -18,6 +18,7 @@ from harness import (
     DIM,
     TORCH2,
     N,
+    appears,
     assert_equal_to_one_process,
     data,
     dump_rank,
@@ -299,13 +300,8 @@ def _no_wait_worker(rank, world, store, out, lag):
         for g in range(6):
             idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
             lb.scale(F.cross_entropy(model(x[idx]), y[idx])).backward()
-            if rank == 1 and g == 3:  # rank 1 holds on after backward until rank 0 is through step()
-                for _ in range(600):
-                    if os.path.exists(stepped):
-                        break
-                    time.sleep(0.1)
-                else:
-                    result = "rank 0 did not get through step() while rank 1 held on"
+            if rank == 1 and g == 3 and not appears(stepped):  # rank 1 holds on until rank 0 is through step()
+                result = "rank 0 did not get through step() while rank 1 held on"
             lb.step()
             if rank == 0 and g == 3:
                 open(stepped, "w").close()
