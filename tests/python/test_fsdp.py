@@ -60,10 +60,12 @@ def full_params(model):
 # ---- exactness ----
 
 
-def _exact_worker(rank, world, store, out, hsdp, lag, micro):
+def _exact_worker(rank, world, store, out, hsdp, lag, micro, compiled=False):
     init(rank, world, store)
     x, y = data()
     model = shard(make_model(), world, hsdp)
+    if compiled:  # the LoadBalancer takes the compiled wrapper and reaches the sharded module inside it
+        model = torch.compile(model, backend="eager")
     lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=3, monitor=fixed_metrics,
                       lag=lag, micro_batches=micro)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -83,13 +85,15 @@ def _exact_worker(rank, world, store, out, hsdp, lag, micro):
     finish()
 
 
-@pytest.mark.parametrize("world,hsdp,lag,micro", [(3, False, 0, 1), (4, False, 1, 1), (4, True, 0, 1),
-                                                  (4, True, 2, 1), (3, False, 0, 2)],
-                         ids=["fsdp3", "fsdp4-lag1", "hsdp4", "hsdp4-lag2", "fsdp3-accumulate"])
-def test_fsdp_equals_one_process(tmp_path, world, hsdp, lag, micro):
+@pytest.mark.parametrize("world,hsdp,lag,micro,compiled", [(3, False, 0, 1, False), (4, False, 1, 1, False),
+                                                           (4, True, 0, 1, False), (4, True, 2, 1, False),
+                                                           (3, False, 0, 2, False), (3, False, 0, 1, True)],
+                         ids=["fsdp3", "fsdp4-lag1", "hsdp4", "hsdp4-lag2", "fsdp3-accumulate", "fsdp3-compiled"])
+def test_fsdp_equals_one_process(tmp_path, world, hsdp, lag, micro, compiled):
     """random:5 gives some rank 0 samples (it still runs forward and backward, so every collective matches);
-    the reductions are SUMs, each rank's loss its share: the parameters equal one process's to 1e-10."""
-    spawn(_exact_worker, world, tmp_path, hsdp, lag, micro)
+    the reductions are SUMs, each rank's loss its share: the parameters equal one process's to 1e-10. Also with
+    the sharded model wrapped by torch.compile (the eager backend: Dynamo's tracing without a compiler)."""
+    spawn(_exact_worker, world, tmp_path, hsdp, lag, micro, compiled)
     got = load_ranks(tmp_path, "fsdp", world)
     sizes = np.array(got[0]["sizes"])
     assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"

@@ -33,7 +33,8 @@ class LoadBalancer:
             wait in the gradient allreduce; plain BatchNorm layers get a warning once sizes differ); or a module
             with ``fully_shard`` applied (FSDP2 or HSDP: the reductions become SUMs and the wait in every
             all-gather and reduce-scatter is timed; docs/fsdp.md); or None to register no hook (sum the gradients
-            yourself; the step is then timed from step() to step()). FSDP1 is refused (TypeError).
+            yourself; the step is then timed from step() to step()). FSDP1 is refused (TypeError). Either may
+            come wrapped by ``torch.compile``: the hooks and settings go on the module it compiled.
         dataset_size: training samples n; an epoch is ``n // global_batch`` steps of the seeded permutation.
         global_batch: samples per step over all ranks (X).
         balancer, predictor, seed, min_batch: as for ``lbbsp train`` (``bsp``, ``static[:K]``, ``random:SEED``,
@@ -118,6 +119,7 @@ class LoadBalancer:
         # Seconds this rank spent in step() ("step_s"), blocked there waiting for reports ("wait_s") and
         # deciding ("decide_s", the same work on every rank).
         self.timing = {"step_s": 0.0, "wait_s": 0.0, "decide_s": 0.0}
+        model = getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule: the module it compiled
         self._sharded = _check_model(model)
         self._check_same_everywhere(model, balancer, predictor, min_batch, lag)
         self._model = model
