@@ -20,11 +20,14 @@ Runners, each a fresh pair of ranks under the same co-tenant, in rotating order 
                by -(b/t)(t - mean t), 5% dead band; gradients summed (benchmark code, not the product)
     naive      what a user would write: sizes proportional to the measured speeds (samples/s), smoothed (EMA 0.5),
                re-sized every step
-    timed      the equal split with each rank's compute time measured (to the last gradient bucket): gives the
-               ideal, the per-step oracle split from each rank's measured speed under its co-tenant
+Every runner notes when each rank's backward reaches the first layer's weight (a gradient hook: the step's compute
+ends there) and the CPU time its process used. The ideal comes from plain's own steps: each step's oracle split of
+the two ranks' speeds measured at the equal split under the co-tenant (X / the sum of the speeds, against the
+slower rank's time), plain's other costs kept.
 
 Prints a Markdown table (mean step after warm-up over the rounds: min-max, speed-up over plain, fraction of the
-ideal speed-up, rank 1's mean share) and writes every run's per-step record to --out/runs.json.
+ideal speed-up, rank 1's mean share, the process CPU time per step against plain's) and writes every run's
+per-step record to --out/<scenario>/<runner>-<round>.json.
 
     python3 bench/torch_cotenant.py --scenario steady --repeats 3 --out results/cotenant
 """
@@ -49,7 +52,7 @@ import lbbsp
 from lbbsp.torch import LoadBalancer, sum_allreduce_hook
 
 X, STEPS_PER_EPOCH = 128, 100
-RUNNERS = ["plain", "lbbsp", "omnilearn", "naive", "timed"]
+RUNNERS = ["plain", "lbbsp", "omnilearn", "naive"]
 
 
 # ---- the ranks ----
@@ -66,18 +69,17 @@ def data():
     return torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
 
 
-class LastBucketClock:
-    """A SUM hook (``hook``) that notes when this rank's last gradient bucket is ready: the step's compute ends
-    there."""
+class ComputeClock:
+    """Notes when backward computes the first layer's weight gradient (the last one computed): the step's compute
+    ends there. A tensor hook, so that plain DDP keeps its own C++ allreduce."""
 
-    def __init__(self):
+    def __init__(self, model):
         self.ready = 0.0
+        model[0].weight.register_hook(self.mark)
 
-        def hook(state, bucket):
-            if bucket.is_last():
-                self.ready = time.perf_counter()
-            return sum_allreduce_hook(state, bucket)
-        self.hook = hook
+    def mark(self, grad):
+        self.ready = time.perf_counter()
+        return grad
 
 
 def largest_remainder(weights, total):
@@ -137,14 +139,14 @@ def rank_main(rank, world, port, runner, a, out):
     x, y = data()
     ddp = DDP(make_model())
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    lb = clock = ctrl = None
+    lb = ctrl = None
+    clock = ComputeClock(ddp.module)
     if runner == "lbbsp":
         lb = LoadBalancer(ddp, dataset_size=len(x), global_batch=X, balancer=a.balancer, predictor=a.predictor)
     elif runner != "plain":
-        clock = LastBucketClock()
-        ddp.register_comm_hook(None, clock.hook)
-        ctrl = OmniLearn(world) if runner == "omnilearn" else Naive(world) if runner == "naive" else None
-    rec = {"end": [], "sizes": [], "compute": [], "lb_step_s": []}
+        ddp.register_comm_hook(None, sum_allreduce_hook)
+        ctrl = OmniLearn(world) if runner == "omnilearn" else Naive(world)
+    rec = {"end": [], "sizes": [], "compute": [], "cpu": [], "lb_step_s": []}
     equal, perm = np.full(world, X // world, dtype=np.int64), None
     for k in range(a.steps):
         epoch, step = divmod(k, STEPS_PER_EPOCH)
@@ -171,16 +173,16 @@ def rank_main(rank, world, port, runner, a, out):
             s0 = time.perf_counter()
             lb.step()
             rec["lb_step_s"].append(time.perf_counter() - s0)
-        elif clock is not None:
-            rec["compute"].append(clock.ready - t0)
-            if ctrl is not None:
-                ctrl.update(k, clock.ready - t0)
+        elif ctrl is not None:
+            ctrl.update(k, clock.ready - t0)
+        rec["compute"].append(clock.ready - t0)
+        rec["cpu"].append(time.process_time())
         rec["end"].append(time.perf_counter())
         rec["sizes"].append([int(v) for v in sizes])
     if lb is not None:
         rec["lbbsp_timing"] = dict(lb.timing)
-    if clock is not None:
-        rec["compute_all"] = gather_list(rec["compute"], world)
+    rec["compute_all"] = gather_list(rec["compute"], world)
+    rec["cpu_all"] = gather_list(rec["cpu"], world)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(rec, f)
@@ -222,28 +224,33 @@ def summarise(rec, warmup):
     s = {"step_ms": 1e3 * float(steps.mean()), "rank1_share": float(sizes[:, 1].mean())}
     if rec.get("lb_step_s"):
         s["lb_step_us"] = 1e6 * float(np.mean(rec["lb_step_s"][warmup:]))
-    if "compute_all" in rec and not np.any(np.diff(np.array(rec["sizes"]), axis=0)):  # the timed equal split
-        t = np.array(rec["compute_all"])[:, warmup:]  # ranks x steps
-        speeds = (X / t.shape[0]) / np.maximum(t, 1e-9)
-        s["saved_ms"] = 1e3 * float((t.max(axis=0) - X / speeds.sum(axis=0)).mean())
+    cpu = np.array(rec["cpu_all"])[:, warmup:]  # ranks x steps: the process's CPU seconds so far
+    s["cpu_ms"] = 1e3 * float(((cpu[:, -1] - cpu[:, 0]) / (cpu.shape[1] - 1)).mean())
+    t = np.array(rec["compute_all"])[:, warmup + 1:]  # ranks x steps
+    b = np.array(rec["sizes"])[warmup + 1:].T
+    speeds = b / np.maximum(t, 1e-9)
+    s["saved_ms"] = 1e3 * float((t.max(axis=0) - X / speeds.sum(axis=0)).mean())  # by the oracle split
     return s
 
 
 def table(results, a):
     plain = [r["step_ms"] for r in results["plain"]]
-    saved = [r["saved_ms"] for r in results.get("timed", []) if "saved_ms" in r]
-    ideal = np.mean(plain) / (np.mean(plain) - np.mean(saved)) if saved else float("nan")
+    saved = [r["saved_ms"] for r in results["plain"]]
+    ideal = np.mean(plain) / (np.mean(plain) - np.mean(saved))
+    plain_cpu = np.mean([r["cpu_ms"] for r in results["plain"]])
     lines = [f"scenario {a.scenario}: {a.repeats} rounds of {a.steps} steps (first {a.warmup} not counted); ideal "
-             f"speed-up over plain {ideal:.2f}x (the per-step oracle split of the timed equal split's measured speeds)",
-             "", "| runner | mean step ms (min-max) | vs plain | of ideal | rank 1's share of 128 | lbbsp step() us |",
-             "|---|---:|---:|---:|---:|---:|"]
+             f"speed-up over plain {ideal:.2f}x (the per-step oracle split of plain's measured speeds)",
+             "", "| runner | mean step ms (min-max) | vs plain | of ideal | rank 1's share of 128 | lbbsp step() us "
+             "| CPU ms per step, vs plain |", "|---|---:|---:|---:|---:|---:|---:|"]
     for runner, rs in results.items():
         ms = [r["step_ms"] for r in rs]
         speedup = np.mean(plain) / np.mean(ms)
         of_ideal = (speedup - 1) / (ideal - 1) if ideal > 1.0001 else float("nan")
         lb_us = f"{np.mean([r['lb_step_us'] for r in rs]):.0f}" if "lb_step_us" in rs[0] else ""
+        cpu = np.mean([r["cpu_ms"] for r in rs])
         lines.append(f"| {runner} | {np.mean(ms):.1f} ({min(ms):.1f}-{max(ms):.1f}) | {speedup:.2f}x | "
-                     f"{of_ideal:.2f} | {np.mean([r['rank1_share'] for r in rs]):.1f} | {lb_us} |")
+                     f"{of_ideal:.2f} | {np.mean([r['rank1_share'] for r in rs]):.1f} | {lb_us} | "
+                     f"{cpu:.2f}, {1e3 * (cpu - plain_cpu):+.0f} us |")
     return "\n".join(lines)
 
 
