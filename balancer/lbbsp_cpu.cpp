@@ -62,6 +62,7 @@ class LbbspCpuBalancer final : public BalancerBase {
     check_report(report);
     const std::vector<double> speeds = clipped_speeds(report);
     note_misses(speeds);
+    band_ = current_band();
     if (held_.empty()) held_ = report_batch(report);  // the split in flight (the initial one)
     BatchBounds bounds = bounds_for(&report);
     predicted_.resize(n());
@@ -105,6 +106,7 @@ class LbbspCpuBalancer final : public BalancerBase {
     return held_;
   }
   std::vector<double> predicted_speeds() const override { return predicted_; }
+  double noise_band() const override { return band_; }
   std::string save_state() const override {
     StateWriter w(StateOf::balancer, kStateTag);
     w.put_string(spec_);
@@ -179,7 +181,7 @@ class LbbspCpuBalancer final : public BalancerBase {
   // kRecentSteps: a burst (the first steps, while the predictors know nothing; a change of phase) stops
   // widening the band once it is over, where the EMA alone held a wrong split for 10-15 steps; noise that
   // persists keeps it wide.
-  double noise_band() const {
+  double current_band() const {
     if (miss_weight_ <= 0 || recent_miss2_.empty()) return 0.0;
     const double recent_max = *std::max_element(recent_miss2_.begin(), recent_miss2_.end());
     return std::sqrt(std::min(std::max(miss2_ / miss_weight_, recent_miss2_.back()), recent_max));
@@ -194,7 +196,7 @@ class LbbspCpuBalancer final : public BalancerBase {
   // predicted since it was taken, averaged, do not say otherwise: below), else the new one.
   std::vector<int64_t> hold_within_noise(const std::vector<int64_t>& batch, const BatchBounds& bounds) {
     const auto curves = curves_from_speeds(predicted_);
-    const double band = noise_band(), new_s = slowest_finish_s(curves, batch);
+    const double band = band_, new_s = slowest_finish_s(curves, batch);
     const auto gains_little_over = [&](const std::vector<int64_t>& other) {  // in logs, as the misses
       return std::log(slowest_finish_s(curves, other) / new_s) <= band;
     };
@@ -236,7 +238,8 @@ class LbbspCpuBalancer final : public BalancerBase {
   std::vector<int64_t> held_;  // the split last decided (kept while a change would gain less than the noise)
   double miss2_ = 0, miss_weight_ = 0;  // EMA of the mean squared relative miss, and its weight so far
   std::vector<double> recent_miss2_;    // the mean squared relative miss of the last few reports, newest last
-  struct Streak {  // the predicted speeds (as shares) summed over the steps held_ was kept
+  double band_ = 0;  // current_band() at the last report (noise_band(): for logs and tests)
+  struct Streak {    // the predicted speeds (as shares) summed over the steps held_ was kept
     std::vector<double> shares;
     size_t steps = 0;
     void clear() { shares.clear(), steps = 0; }

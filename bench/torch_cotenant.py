@@ -148,7 +148,7 @@ def rank_main(rank, world, port, runner, a, out):
     elif runner != "plain":
         ddp.register_comm_hook(None, sum_allreduce_hook)
         ctrl = OmniLearn(world) if runner == "omnilearn" else Naive(world)
-    rec = {"end": [], "sizes": [], "compute": [], "cpu": [], "lb_step_s": []}
+    rec = {"end": [], "sizes": [], "compute": [], "cpu": [], "lb_step_s": [], "band": []}
     equal, perm = np.full(world, X // world, dtype=np.int64), None
     for k in range(a.steps):
         epoch, step = divmod(k, STEPS_PER_EPOCH)
@@ -175,6 +175,7 @@ def rank_main(rank, world, port, runner, a, out):
             s0 = time.perf_counter()
             lb.step()
             rec["lb_step_s"].append(time.perf_counter() - s0)
+            rec["band"].append(lb.figures()["lbbsp/noise_band"])  # the band of the decision just made
         elif ctrl is not None:
             ctrl.update(k, clock.ready - t0)
         rec["compute"].append(clock.ready - t0)

@@ -99,6 +99,7 @@ void bind_balancer(nb::module_& m) {
           "iteration"_a, "batch"_a, "compute_s"_a, "exo"_a, "exo_next"_a, "mem_cap"_a, "capacity"_a,
           "capacity_next"_a)
       .def("predicted_speeds", &Balancer::predicted_speeds)
+      .def("noise_band", &Balancer::noise_band)
       .def("save_state", [](const Balancer& b) { return to_bytes(b.save_state()); })
       .def("load_state", [](Balancer& b, const nb::bytes& s) { b.load_state(from_bytes(s)); });
 

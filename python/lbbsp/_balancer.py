@@ -149,6 +149,11 @@ class Balancer:
         """Speeds (samples/s) predicted in the last decision, per worker; empty when the balancer has none."""
         return np.asarray(self._impl.predicted_speeds(), dtype=np.float64)
 
+    def noise_band(self) -> float:
+        """The band of the last decision: the relative miss (log of measured / predicted speed, RMS over the
+        workers) a new split had to beat to be taken (lbbsp-cpu, docs/balancers.md "Noise"); 0 for the others."""
+        return float(self._impl.noise_band())
+
     def save_state(self) -> bytes:
         """Opaque state: ``load_state(save_state())`` on a balancer made the same way continues identically."""
         return _STATE_MAGIC + self._iteration.to_bytes(8, "little") + self._impl.save_state()

@@ -219,6 +219,18 @@ def test_predicted_speeds():
     assert lbbsp.Balancer("bsp", workers=3, global_batch=90).predicted_speeds().size == 0
 
 
+def test_noise_band_follows_the_misses():
+    """lbbsp-cpu's noise_band(): 0 while its predictions are exact, the RMS of the workers' relative misses
+    (log of measured / predicted speed, less their mean) after a step that missed; 0 for balancers without one."""
+    b = lbbsp.Balancer("lbbsp-cpu", workers=2, global_batch=100, predictor="last")
+    for _ in range(3):
+        b.next(batch=[50, 50], compute_s=[0.5, 0.5])
+    assert b.noise_band() == pytest.approx(0.0, abs=1e-9)
+    b.next(batch=[50, 50], compute_s=[0.5, 0.25])  # worker 1 twice as fast as predicted: misses 0 and log 2
+    assert b.noise_band() == pytest.approx(np.log(2) / 2)
+    assert lbbsp.Balancer("bsp", workers=2, global_batch=100).noise_band() == 0.0
+
+
 # ---- one wheel, one decision: the same balancer decisions on a CPU without AVX-512 (qemu-user) ----
 
 _REPLAY = """

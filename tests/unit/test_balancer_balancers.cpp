@@ -478,6 +478,30 @@ TEST(Balancers, LbbspCpuBalancesAStragglerWithinTheNoise) {
   }
 }
 
+// noise_band() reports the band the last decision used: about 0 on a cluster without noise, of the order of
+// the injected noise (25% log-normal per iteration) with it, and 0 for a balancer that keeps none.
+TEST(Balancers, LbbspCpuReportsItsNoiseBand) {
+  const auto last_band = [](const std::string& name, double noise) {
+    const size_t n = 4, T = 60;
+    Cluster c = static_cpu_cluster(n, T);
+    std::mt19937_64 rng(5);
+    std::lognormal_distribution<double> jitter(0.0, noise);
+    for (size_t t = 0; t <= T; ++t)
+      for (size_t i = 0; i < n; ++i) c.capacity[t][i] = noise > 0 ? jitter(rng) : 1.0;
+    auto cfg = config(name, n, 400);
+    cfg.capacity_exo = -1;  // only the measured speeds tell
+    auto bal = make_balancer(cfg);
+    auto batch = bal->initial();
+    for (size_t t = 0; t < T; ++t) batch = bal->next(c.report(t, batch));
+    return bal->noise_band();
+  };
+  EXPECT_LT(last_band("lbbsp-cpu:last", 0.0), 1e-6);
+  const double noisy = last_band("lbbsp-cpu:ema", 0.25);
+  EXPECT_GT(noisy, 0.1);
+  EXPECT_LT(noisy, 0.8);
+  EXPECT_EQ(last_band("bsp", 0.25), 0.0);
+}
+
 // lbbsp-cpu's formats before lbbsp-cpu/4 ("lbbsp-cpu", "lbbsp-cpu/2", "lbbsp-cpu/3") were never released: a
 // state of one (here today's fields under the old tag) is refused naming both formats and the way out, and
 // the balancer goes on from where it was.

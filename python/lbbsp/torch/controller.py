@@ -185,9 +185,11 @@ class LoadBalancer:
     def figures(self) -> Dict[str, float]:
         """What a framework logs after a step: this rank's batch size in the step just done, the time it reported
         for its last measured step (what the balancer sees), its predicted speed (samples/s, where the balancer
-        predicts), and the seconds so far blocked on reports and spent in step()."""
+        predicts), the noise band of its last decision (lbbsp-cpu; 0 for the others), and the seconds so far
+        blocked on reports and spent in step()."""
         out = {"lbbsp/batch_size": float(self._done_sizes[self.rank]), "lbbsp/wait_s": self.timing["wait_s"],
-               "lbbsp/step_s": self.timing["step_s"], "lbbsp/measured_s": self._measured_s}
+               "lbbsp/step_s": self.timing["step_s"], "lbbsp/measured_s": self._measured_s,
+               "lbbsp/noise_band": self._balancer.noise_band()}
         speeds = self._balancer.predicted_speeds()
         if len(speeds) == self.world_size:
             out["lbbsp/predicted_speed"] = float(speeds[self.rank])
