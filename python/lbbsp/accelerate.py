@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from .torch import LoadBalancer
+from .torch._util import uncompiled
 from .torch.exchange import is_collective_error
 from .torch.fsdp import is_fsdp2
 from .torch.sampler import default_global_batch, require_map_style
@@ -63,7 +64,7 @@ def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Opt
     if global_batch is None:
         global_batch = default_global_batch(dataloader, accelerator.num_processes, accumulate,
                                             "lbbsp.accelerate.prepare", "global_batch=")
-    sharded = _unwrapped(model)
+    sharded = uncompiled(model)
     if is_fsdp2(sharded) and not getattr(accelerator, "is_fsdp2", False):
         # Sharded by the user; Accelerate without its FSDP2 plugin (the CPU) would wrap it in DDP, which refuses
         # its DTensor parameters: registered as it is (mixed precision and compile applied, no DDP).
@@ -73,8 +74,8 @@ def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Opt
         _refuse_save_state(accelerator)
     else:
         model, optimizer = accelerator.prepare(model, optimizer)
-    if is_fsdp2(_unwrapped(model)):
-        balanced: Optional[torch.nn.Module] = _unwrapped(model)  # FSDP2: Accelerate's plugin or the user's
+    if is_fsdp2(uncompiled(model)):
+        balanced: Optional[torch.nn.Module] = uncompiled(model)  # FSDP2: Accelerate's plugin or the user's
     else:
         balanced = model if hasattr(model, "register_comm_hook") else None  # DDP
     lb = LoadBalancer(balanced, dataset_size=len(dataset), global_batch=global_batch, balancer=balancer,
@@ -90,11 +91,6 @@ def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Opt
     return model, optimizer, loader, lb
 
 
-def _unwrapped(model: Any) -> Any:
-    """The module under torch.compile's wrapper (OptimizedModule keeps it as ``_orig_mod``)."""
-    return getattr(model, "_orig_mod", model)
-
-
 def _sync_once_per_step(accelerator: Any, model: Any, sharded: torch.nn.Module) -> None:
     """accelerator.no_sync(model), which accelerator.accumulate(model) enters on all but a step's last
     micro-batch: for a model the user sharded, FSDP2's set_requires_gradient_sync(False) (Accelerate's own no_sync
@@ -104,7 +100,7 @@ def _sync_once_per_step(accelerator: Any, model: Any, sharded: torch.nn.Module) 
 
     @contextlib.contextmanager
     def no_sync(m: Any = None) -> Iterator[None]:
-        if m is not model and _unwrapped(m) is not sharded:
+        if m is not model and uncompiled(m) is not sharded:
             with original(m):
                 yield
             return

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import lbbsp
 
 from . import ddp, fsdp
-from ._util import positive_int
+from ._util import positive_int, uncompiled
 from .clock import DeviceClock, HostClock
 from .exchange import ReportExchange, group_ranks
 from .loss import LossScale
@@ -119,7 +119,7 @@ class LoadBalancer:
         # Seconds this rank spent in step() ("step_s"), blocked there waiting for reports ("wait_s") and
         # deciding ("decide_s", the same work on every rank).
         self.timing = {"step_s": 0.0, "wait_s": 0.0, "decide_s": 0.0}
-        model = getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule: the module it compiled
+        model = uncompiled(model)
         self._sharded = _check_model(model)
         self._check_same_everywhere(model, balancer, predictor, min_batch, lag)
         self._model = model
