@@ -192,8 +192,9 @@ class LbbspCpuBalancer final : public BalancerBase {
     return b;
   }
   // The equal split when the new one beats it by no more than the noise (the speeds are then not known to
-  // differ), else the held split when the new one beats that by no more than the noise (and the speeds
-  // predicted since it was taken, averaged, do not say otherwise: below), else the new one.
+  // differ) and the speeds averaged over the held split do not tell the workers apart either, else the held
+  // split when the new one beats that by no more than the noise (and the averaged speeds do not say
+  // otherwise: below), else the new one.
   std::vector<int64_t> hold_within_noise(const std::vector<int64_t>& batch, const BatchBounds& bounds) {
     const auto curves = curves_from_speeds(predicted_);
     const double band = band_, new_s = slowest_finish_s(curves, batch);
@@ -204,8 +205,26 @@ class LbbspCpuBalancer final : public BalancerBase {
     const std::vector<int64_t> equal = equal_split(bounds);
     const bool keep_equal = gains_little_over(equal);
     if (!keep_equal && !(within(held_, bounds) && gains_little_over(held_))) return batch;
-    if (keep_equal && equal != held_) return equal;
-    return held_or_averaged(band, bounds);
+    if (!keep_equal || equal == held_) return held_or_averaged(band, bounds);
+    if (!within(held_, bounds) || phase_changed()) return equal;
+    const std::vector<int64_t> kept = held_or_averaged(band, bounds);
+    return averaged_tell_apart(equal, kept, band) ? kept : equal;
+  }
+  // One step's prediction within the band of the equal split is noise as often as not: with a co-tenant off,
+  // ranks a few percent apart (about one band) went to and from the equal split on 64 of 72 changes. So a
+  // held split gives way to the equal one only when the speeds averaged over it (this step's included) gain
+  // less than their own band over it, as held_or_averaged weighs the held split against the averaged one.
+  bool averaged_tell_apart(const std::vector<int64_t>& equal, const std::vector<int64_t>& kept,
+                           double band) const {
+    if (streak_.steps == 0) return false;
+    const auto curves = curves_from_speeds(streak_mean());
+    const double gain = std::log(slowest_finish_s(curves, equal) / slowest_finish_s(curves, kept));
+    return gain > band / std::sqrt(static_cast<double>(std::min<size_t>(streak_.steps, kAveragedSteps)));
+  }
+  // This step missed by more than twice the misses' RMS: a change of phase (a co-tenant gone), after which
+  // the average over the held split is of the old phase and this step's own prediction decides.
+  bool phase_changed() const {
+    return !recent_miss2_.empty() && miss_weight_ > 0 && recent_miss2_.back() > 4 * miss2_ / miss_weight_;
   }
   // The noise band keeps a held split while each new prediction beats it by less than one step's misses.
   // Under a co-tenant that time-shares a core those misses are wide (20-30%), and a split taken on a noisy
@@ -221,13 +240,18 @@ class LbbspCpuBalancer final : public BalancerBase {
     for (size_t i = 0; i < n(); ++i)  // shares, so that the fleet's speed changing together weighs nothing
       streak_.shares[i] += std::isfinite(predicted_[i]) && predicted_[i] > 0 ? predicted_[i] / total : 0.0;
     ++streak_.steps;
-    std::vector<double> mean(n());
-    for (size_t i = 0; i < n(); ++i) mean[i] = streak_.shares[i] / static_cast<double>(streak_.steps);
+    const std::vector<double> mean = streak_mean();
     const std::vector<int64_t> averaged = assign_by_speed(mean, cfg_.global_batch, bounds);
     const auto curves = curves_from_speeds(mean);
     const double gain = std::log(slowest_finish_s(curves, held_) / slowest_finish_s(curves, averaged));
     const double steps = static_cast<double>(std::min<size_t>(streak_.steps, kAveragedSteps));
     return gain > band / std::sqrt(steps) ? averaged : held_;
+  }
+  std::vector<double> streak_mean() const {  // the held split's averaged speeds, as shares
+    std::vector<double> mean(n(), 0.0);
+    for (size_t i = 0; i < n() && i < streak_.shares.size(); ++i)
+      mean[i] = streak_.shares[i] / static_cast<double>(std::max<size_t>(streak_.steps, 1));
+    return mean;
   }
 
   std::string spec_;

@@ -47,7 +47,9 @@ def test_replayed_onoff_cotenant_reports_are_followed_phase_by_phase():
     off). From step 60 on, leaving out the 8 steps after each switch, the decided share must be within 6 samples
     of its phase's balanced share in 90% of the steps (99% here; the equal split: 39%; lbbsp-cpu's own decisions
     arriving 20 steps late, as a controller re-sizing every 20 steps would: 63%), off by 3 samples or less on
-    average (1.8; late by 20 steps: 8.5)."""
+    average (1.5; late by 20 steps: 8.5), and change in at most 15% of those steps (22 of 192: with the co-tenant
+    off the ranks differ by about one noise band, and a return to the equal split on one step's prediction within
+    the band, not on the speeds averaged over the held split, changed it 45 times)."""
     rep = _recorded("cotenant_onoff_reports.csv")
     steps = len(rep)
     per_sample = rep[:, :, 3] / rep[:, :, 2]
@@ -70,3 +72,5 @@ def test_replayed_onoff_cotenant_reports_are_followed_phase_by_phase():
     miss = np.abs(decided[:-1, 1] - balanced[1:])[settled[1:]]  # decided after step i: the sizes of step i + 1
     assert np.mean(miss <= 6) >= 0.9, (np.mean(miss <= 6), decided[::10, 1].tolist())
     assert miss.mean() <= 3, (miss.mean(), decided[::10, 1].tolist())
+    changed = np.r_[False, np.diff(decided[:, 1]) != 0]
+    assert (changed & settled).sum() <= 0.15 * settled.sum(), ((changed & settled).sum(), settled.sum())
