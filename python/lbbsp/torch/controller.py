@@ -1,6 +1,6 @@
 """LoadBalancer: the facade a training loop talks to. It owns the parts (the step clock, the loss scale, the
-decided sizes, the report exchange, the DDP hooks) and runs the step: the report out, every rank's reports in, the
-same decision on every rank; and the state a checkpoint keeps."""
+decisions and their sizes, the report exchange, the DDP or FSDP2 hooks) and runs the step: the report out, every
+rank's reports in, the same decision on every rank (lbbsp.torch.decide); and the state a checkpoint keeps."""
 
 import contextlib
 import time
@@ -15,12 +15,14 @@ import lbbsp
 
 from . import ddp, fsdp
 from ._util import positive_int, uncompiled
+from .checks import STATE_VERSION, check_model, check_same_everywhere, check_state, timeout
 from .clock import DeviceClock, HostClock
+from .decide import Decisions
 from .exchange import ReportExchange, group_ranks
 from .loss import LossScale
 from .memory import DeviceMemory
 from .monitor import ResourceMonitor
-from .report import EXO, Report, Reports, checksum, disagreement, read_metrics
+from .report import EXO, Report, checksum, read_metrics
 from .sampler import BalancedBatchSampler, balanced_loader, step_name
 from .sizes import DecidedSizes, micro_split
 
@@ -85,30 +87,28 @@ class LoadBalancer:
         self._auto_lag = lag is None
         self.lag = 0 if lag is None else positive_int(lag, "lag", 0)
         self.seed = positive_int(seed, "seed", 0)
-        self.timeout_s = _timeout(timeout_s)
+        self.timeout_s = timeout(timeout_s)
         self._ranks = group_ranks(process_group)
         if dist.get_rank() not in self._ranks:
             raise ValueError(f"LoadBalancer: this process (rank {dist.get_rank()}) is not in process_group "
                              f"{self._ranks}")
         self.rank, self.world_size = self._ranks.index(dist.get_rank()), len(self._ranks)
-        # Every rank builds the balancer and decides (so bad arguments raise everywhere alike, and every rank
-        # holds the same state); the reports travel in gloo groups of their own (ReportExchange).
-        self._balancer_args = dict(name=balancer, workers=self.world_size, global_batch=self.global_batch,
-                                   predictor=predictor, seed=self.seed, min_batch=min_batch, num_exo=EXO,
-                                   capacity_exo=lbbsp.RANK_CAPACITY_EXO)
-        self._balancer = lbbsp.Balancer(**self._balancer_args)
-        self._no_cap = np.full(self.world_size, np.iinfo(np.int64).max, dtype=np.int64)  # mem_cap: none
+        # Seconds this rank spent in step() ("step_s"), blocked there waiting for reports ("wait_s") and
+        # deciding ("decide_s", the same work on every rank).
+        self.timing = {"step_s": 0.0, "wait_s": 0.0, "decide_s": 0.0}
         #: the control plane: every rank's report of a step reaches every rank (lbbsp.torch.exchange)
         self.exchange = ReportExchange(self._ranks, self.rank, self.timeout_s)
+        # Every rank builds the balancer and decides (so bad arguments raise everywhere alike, and every rank
+        # holds the same state); the reports travel in gloo groups of their own (ReportExchange).
+        self._decisions = Decisions(
+            dict(name=balancer, workers=self.world_size, global_batch=self.global_batch, predictor=predictor,
+                 seed=self.seed, min_batch=min_batch, num_exo=EXO, capacity_exo=lbbsp.RANK_CAPACITY_EXO),
+            self._ranks, self.rank, self.exchange, self.timing, self.lag)
         self.steps_per_epoch = lbbsp.steps_per_epoch(self.dataset_size, self.global_batch)
-        #: the decided batch vectors by global step, the same on every rank (lbbsp.torch.sizes)
-        self.sizes = DecidedSizes.repeated(0, self.lag, self._balancer.initial())
         self._done_sizes = self.sizes[0]  # the batch vector of the last step closed (figures())
         self._measured_s = float("nan")  # this rank's time in its last report (figures())
         self._step = 0  # global step (over epochs) that the next step() closes
-        self._decided = -1  # the last step whose reports were decided from
         self._stepped = False  # step() called since construction (or the last load_state_dict)
-        self._report_errors: Dict[int, BaseException] = {}  # step -> this rank's error building its report
         self._perm_epoch, self._perm = -1, None
         self._monitor = monitor if monitor is not None else ResourceMonitor().sample
         if not callable(self._monitor):
@@ -116,12 +116,12 @@ class LoadBalancer:
         self.micro_batches = positive_int(micro_batches, "micro_batches", 1)
         #: the loss's scale and its checks (lbbsp.torch.loss)
         self.loss = LossScale(self.global_batch, self.micro_batches, check_loss, model)
-        # Seconds this rank spent in step() ("step_s"), blocked there waiting for reports ("wait_s") and
-        # deciding ("decide_s", the same work on every rank).
-        self.timing = {"step_s": 0.0, "wait_s": 0.0, "decide_s": 0.0}
         model = uncompiled(model)
-        self._sharded = _check_model(model)
-        self._check_same_everywhere(model, balancer, predictor, min_batch, lag)
+        self._sharded = check_model(model)
+        check_same_everywhere(self.exchange, model, self._sharded, self._ranks, {
+            "dataset_size": self.dataset_size, "global_batch": self.global_batch, "seed": self.seed,
+            "balancer": balancer, "predictor": predictor, "min_batch": min_batch, "lag": lag,
+            "micro_batches": self.micro_batches})
         self._model = model
         self._plain_bn = model is not None and any(
             isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm)
@@ -138,27 +138,6 @@ class LoadBalancer:
             fsdp.attach(self, model, check_rows=check_loss)
         elif model is not None:
             ddp.attach(self, model, check_rows=check_loss)
-
-    def _check_same_everywhere(self, model: Optional[torch.nn.Module], balancer: str, predictor: str,
-                               min_batch: int, lag: Optional[int]) -> None:
-        """One all-gather at construction: settings that differ by rank would cut other samples (or sum the
-        gradients over other ranks) while every rank's sizes still agree."""
-        model_ranks = fsdp.model_ranks(model) if self._sharded else ddp.model_ranks(model, self._ranks)
-        balanced = sorted(self._ranks) if self._sharded else self._ranks  # a mesh's ranks, in any order
-        self.exchange.check_same({
-            "dataset_size": self.dataset_size, "global_batch": self.global_batch, "seed": self.seed,
-            "balancer": balancer, "predictor": predictor, "min_batch": min_batch, "lag": lag,
-            "micro_batches": self.micro_batches, "model": type(model).__name__ if model is not None else None,
-            "model_group": model_ranks})
-        if self._sharded and model_ranks != balanced:
-            raise ValueError(f"LoadBalancer: the fully_shard model's device mesh spans ranks {model_ranks} but "
-                             f"process_group balances over ranks {self._ranks}: balance over every data-parallel "
-                             "rank of the mesh (with HSDP, replicas and shards alike: the default, the world, where "
-                             "the mesh is the world)")
-        if model_ranks != balanced:  # the same on every rank of the group (checked just above)
-            raise ValueError(f"LoadBalancer: the DDP model reduces its gradients over ranks {model_ranks} but "
-                             f"process_group balances over ranks {self._ranks}: pass the DDP model's process_group "
-                             "(DDP(module, process_group=g) and LoadBalancer(..., process_group=g))")
 
     # ---- what a training loop asks for ----
 
@@ -178,6 +157,11 @@ class LoadBalancer:
         return self._stepped
 
     @property
+    def sizes(self) -> DecidedSizes:
+        """The decided batch vectors by global step, the same on every rank (lbbsp.torch.sizes)."""
+        return self._decisions.sizes
+
+    @property
     def batch_sizes(self) -> np.ndarray:
         """Every rank's batch size at the current step (the same array on every rank)."""
         return self.sizes_at(self._step)
@@ -189,8 +173,8 @@ class LoadBalancer:
         blocked on reports and spent in step()."""
         out = {"lbbsp/batch_size": float(self._done_sizes[self.rank]), "lbbsp/wait_s": self.timing["wait_s"],
                "lbbsp/step_s": self.timing["step_s"], "lbbsp/measured_s": self._measured_s,
-               "lbbsp/noise_band": self._balancer.noise_band()}
-        speeds = self._balancer.predicted_speeds()
+               "lbbsp/noise_band": self._decisions.balancer.noise_band()}
+        speeds = self._decisions.balancer.predicted_speeds()
         if len(speeds) == self.world_size:
             out["lbbsp/predicted_speed"] = float(speeds[self.rank])
         return out
@@ -312,7 +296,7 @@ class LoadBalancer:
             cap = self.memory.cap() if self.memory is not None else 0
             return Report(n, compute, exo, cap, measured_n, False, checksum(self.sizes[k])).encode()
         except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
-            self._report_errors[k] = e  # kept until step k is decided (later with lag >= 1 or an all-gather)
+            self._decisions.report_errors[k] = e  # kept until step k is decided (later with lag >= 1 or an all-gather)
             return Report.of_failure(n, self.sizes[k]).encode()
 
     def send_report(self, k: int, now: float, ready: Any = None) -> None:
@@ -340,84 +324,22 @@ class LoadBalancer:
         # On CUDA step k+1's window is open on the device since step k's allreduce: waiting here for other ranks'
         # reports (lag 0) leaves the device idle, which is not this rank's work (two events, ~20 us each: only
         # where the reports have not all arrived).
-        blocks = self.clock.on_device and not from_step and not self._arrived_through(k - self.lag)
+        blocks = self.clock.on_device and not from_step and not self._decisions.arrived_through(k - self.lag)
         with self.clock.off_the_clock() if blocks else contextlib.nullcontext():
             self._decide_through(k - self.lag, block=True)  # step k+1's sizes
         if self.lag:
             self._decide_through(k, block=False)
         self._step, self._stepped, self._done_sizes = k + 1, True, self.sizes[k]
         self.loss.new_step()
-        self.sizes.forget_through(min(k, self._decided))  # undecided steps keep theirs to check their reports
+        self.sizes.forget_through(min(k, self._decisions.decided))  # undecided steps keep theirs to check their reports
         if from_step:
             self.clock.restart()
         self.timing["step_s"] += time.perf_counter() - t0
         return self.sizes[k + 1].copy()
 
-    def _arrived_through(self, last: int) -> bool:
-        """Whether the reports _decide_through(last, block=True) takes are all here (it would not wait)."""
-        j = self._decided + 1
-        while j <= last and self.exchange.launched(j):
-            if not self.exchange.arrived(j):
-                return False
-            j += 1
-        return True
-
     def _decide_through(self, last: int, block: bool) -> None:
         """Decides from the reports of the steps up to ``last`` that have left (waiting for them if block)."""
-        while self._decided < last and self.exchange.launched(self._decided + 1):
-            j = self._decided + 1
-            if not block and not self.exchange.arrived(j):
-                return
-            before = self.exchange.waited_s
-            reports = Reports(self.exchange.take(j))
-            waited = self.exchange.waited_s - before
-            self.timing["wait_s"] += waited
-            self.clock.add_wait(waited)
-            self._apply(j, reports)
-            self._decided = j
-
-    def _apply(self, j: int, reports: Reports) -> None:
-        """Checks step j's reports (every rank sees the same, so every rank raises alike) and decides j+lag+1.
-        Few NumPy calls: this runs every step, on every rank, where each costs microseconds."""
-        error = self._report_errors.pop(j, None)
-        failed = reports.failed_ranks
-        if failed:
-            self.exchange.fail(j, failed, error if self.rank == failed[0] else None)
-        sums = reports.checksums
-        if not (sums == sums[0]).all():
-            raise RuntimeError(disagreement(j, sums, self._ranks))
-        batch = reports.batches  # whole numbers (float32 holds them to 2^24)
-        if not np.array_equal(batch, self.sizes[j]):
-            raise RuntimeError(f"LoadBalancer: step {j}: the ranks report batches {batch.tolist()}, not the "
-                               f"decided {self.sizes[j].tolist()}")
-        # Each rank checked its own report before sending it (the monitor's metrics, record_compute's seconds).
-        caps, measured = reports.mem_caps, reports.measured_batches
-        mem_cap = self._no_cap  # 0 reported: no cap
-        if caps.any():
-            mem_cap = mem_cap.copy()
-            mem_cap[caps > 0] = caps[caps > 0]
-        t = time.perf_counter()
-        try:
-            if (measured < 0).any():  # on CUDA the first window is read a step late: keep the sizes, capped
-                decided = self._keep_within(self.sizes[j + self.lag], mem_cap)
-            else:
-                x = reports.exo
-                decided = self._balancer.next_unchecked(measured.astype(np.int64), reports.compute_s, x, x, mem_cap)
-        except Exception as e:  # the same on every rank: name the step (re-raised)
-            raise RuntimeError(f"LoadBalancer: step {j}: deciding the sizes of step {j + self.lag + 1} failed "
-                               f"on every rank: {type(e).__name__}: {e}") from e
-        self.sizes.decide(j + self.lag + 1, decided)
-        self.timing["decide_s"] += time.perf_counter() - t
-
-    def _keep_within(self, sizes: np.ndarray, mem_cap: np.ndarray) -> np.ndarray:
-        """The same sizes again, or where a rank's memory cap is below its size the nearest split in the same
-        proportions that fits the caps (and min_batch)."""
-        if (sizes <= mem_cap).all():
-            return sizes.copy()
-        floor = self._balancer_args["min_batch"]
-        return lbbsp.assign_by_speed(np.maximum(sizes, 1).astype(np.float64), self.global_batch,
-                                     min=[floor] * self.world_size if floor else None,
-                                     max=np.minimum(mem_cap, self.global_batch))
+        self.clock.add_wait(self._decisions.through(last, block, self.lag))
 
     # ---- checkpoints ----
 
@@ -430,14 +352,14 @@ class LoadBalancer:
         return {"version": STATE_VERSION, "world_size": self.world_size, "global_batch": self.global_batch,
                 "dataset_size": self.dataset_size, "seed": self.seed, "lag": self.lag, "step": self._step,
                 "sizes": self.sizes.as_lists(self._step, self._step + self.lag),
-                "balancer": self._balancer.save_state()}
+                "balancer": self._decisions.balancer.save_state()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continues from ``state`` (from any rank), at any step of an epoch. Another world size starts the
         balancer afresh from an equal split (its history is per rank) with a warning; another lag keeps the
         decided sizes and repeats the last one where more are needed. Dataset size, global batch and seed
         define the samples and must match."""
-        _check_state(state, self)
+        check_state(state, self)
         self.exchange.drain()
         step = int(state["step"])
         if self._auto_lag and not self._stepped:
@@ -446,17 +368,13 @@ class LoadBalancer:
             warnings.warn(f"LoadBalancer.load_state_dict: the state was saved at {state.get('world_size')} ranks "
                           f"and this run has {self.world_size}: the balancer starts afresh from an equal split "
                           "(its speed history is per rank); the samples of every step stay the same")
-            self._balancer = lbbsp.Balancer(**self._balancer_args)
-            # initial() only where nothing was saved: it draws from the random balancer's generator
-            self.sizes = DecidedSizes.repeated(step, step + self.lag, self._balancer.initial())
+            self._decisions.restart(step, self.lag)
         else:
             if state.get("balancer") is None:
                 raise ValueError("LoadBalancer.load_state_dict: the state has no balancer state: save it on rank 0")
-            self._balancer.load_state(state["balancer"])
-            self.sizes = DecidedSizes.from_saved(state["sizes"], step, step + self.lag)
-        self._step, self._decided, self._stepped = step, step - 1, False
+            self._decisions.load(state["balancer"], state["sizes"], step, self.lag)
+        self._step, self._stepped = step, False
         self.loss.new_step()
-        self._report_errors.clear()
         self.clock.reset()
 
     # ---- DataLoader ----
@@ -486,44 +404,3 @@ class LoadBalancer:
             return
         self.sizes.extend_to(self._step + lag)
         self.lag = lag
-
-
-STATE_VERSION = 3  # state_dict()'s layout; docs/checkpoints.md says which versions load
-
-
-def _check_model(model: Optional[torch.nn.Module]) -> bool:
-    """Whether the model is sharded (FSDP2); refuses FSDP1 and anything that is neither DDP nor FSDP2."""
-    if fsdp.is_fsdp1(model):
-        raise TypeError("LoadBalancer: FullyShardedDataParallel (FSDP1) is not supported: apply fully_shard "
-                        "(FSDP2, torch.distributed.fsdp.fully_shard) to the blocks and the root instead, or use "
-                        "DistributedDataParallel")
-    if fsdp.is_fsdp2(model):
-        return True
-    ddp.check_model(model)
-    return False
-
-
-def _timeout(timeout_s: Optional[float]) -> float:
-    """The report timeout in seconds (None: PyTorch's default process-group timeout)."""
-    if timeout_s is None:
-        timeout_s = dist.default_pg_timeout.total_seconds()
-    if isinstance(timeout_s, bool) or not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-        raise ValueError(f"LoadBalancer: timeout_s must be a positive number of seconds or None (PyTorch's "
-                         f"default process-group timeout), got {timeout_s!r}")
-    return float(timeout_s)
-
-
-def _check_state(state: Any, lb: LoadBalancer) -> None:
-    """A LoadBalancer state of this layout, of a run over the same samples."""
-    if not isinstance(state, dict) or "step" not in state:
-        raise TypeError("LoadBalancer.load_state_dict: state must be the dict from LoadBalancer.state_dict()")
-    if state.get("version") != STATE_VERSION:
-        raise ValueError(f"LoadBalancer.load_state_dict: the state is version {state.get('version')!r}, this "
-                         f"lbbsp reads version {STATE_VERSION} (states of earlier development versions are not "
-                         "read): start the balancer afresh (no load_state_dict) or save the state again with "
-                         "this version")
-    for key in ("global_batch", "dataset_size", "seed"):
-        if state.get(key) != getattr(lb, key):
-            raise ValueError(f"LoadBalancer.load_state_dict: {key} is {state.get(key)!r} in the state and "
-                             f"{getattr(lb, key)!r} here: they define the samples of every step; resume "
-                             "with the same ones")

@@ -1,0 +1,69 @@
+"""The LoadBalancer's checks: its model, its settings (the same on every rank) and a saved state to load."""
+
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import ddp, fsdp
+from .exchange import ReportExchange
+
+
+def check_same_everywhere(exchange: ReportExchange, model: Optional[torch.nn.Module], sharded: bool,
+                          ranks: List[int], settings: Dict[str, Any]) -> None:
+    """One all-gather at construction: settings that differ by rank would cut other samples (or sum the
+    gradients over other ranks) while every rank's sizes still agree."""
+    model_ranks = fsdp.model_ranks(model) if sharded else ddp.model_ranks(model, ranks)
+    balanced = sorted(ranks) if sharded else ranks  # a mesh's ranks, in any order
+    exchange.check_same({**settings, "model": type(model).__name__ if model is not None else None,
+                         "model_group": model_ranks})
+    if sharded and model_ranks != balanced:
+        raise ValueError(f"LoadBalancer: the fully_shard model's device mesh spans ranks {model_ranks} but "
+                         f"process_group balances over ranks {ranks}: balance over every data-parallel "
+                         "rank of the mesh (with HSDP, replicas and shards alike: the default, the world, where "
+                         "the mesh is the world)")
+    if model_ranks != balanced:  # the same on every rank of the group (checked just above)
+        raise ValueError(f"LoadBalancer: the DDP model reduces its gradients over ranks {model_ranks} but "
+                         f"process_group balances over ranks {ranks}: pass the DDP model's process_group "
+                         "(DDP(module, process_group=g) and LoadBalancer(..., process_group=g))")
+
+
+STATE_VERSION = 3  # state_dict()'s layout; docs/checkpoints.md says which versions load
+
+
+def check_model(model: Optional[torch.nn.Module]) -> bool:
+    """Whether the model is sharded (FSDP2); refuses FSDP1 and anything that is neither DDP nor FSDP2."""
+    if fsdp.is_fsdp1(model):
+        raise TypeError("LoadBalancer: FullyShardedDataParallel (FSDP1) is not supported: apply fully_shard "
+                        "(FSDP2, torch.distributed.fsdp.fully_shard) to the blocks and the root instead, or use "
+                        "DistributedDataParallel")
+    if fsdp.is_fsdp2(model):
+        return True
+    ddp.check_model(model)
+    return False
+
+
+def timeout(timeout_s: Optional[float]) -> float:
+    """The report timeout in seconds (None: PyTorch's default process-group timeout)."""
+    if timeout_s is None:
+        timeout_s = dist.default_pg_timeout.total_seconds()
+    if isinstance(timeout_s, bool) or not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"LoadBalancer: timeout_s must be a positive number of seconds or None (PyTorch's "
+                         f"default process-group timeout), got {timeout_s!r}")
+    return float(timeout_s)
+
+
+def check_state(state: Any, lb: Any) -> None:
+    """A LoadBalancer state of this layout, of a run over the same samples."""
+    if not isinstance(state, dict) or "step" not in state:
+        raise TypeError("LoadBalancer.load_state_dict: state must be the dict from LoadBalancer.state_dict()")
+    if state.get("version") != STATE_VERSION:
+        raise ValueError(f"LoadBalancer.load_state_dict: the state is version {state.get('version')!r}, this "
+                         f"lbbsp reads version {STATE_VERSION} (states of earlier development versions are not "
+                         "read): start the balancer afresh (no load_state_dict) or save the state again with "
+                         "this version")
+    for key in ("global_batch", "dataset_size", "seed"):
+        if state.get(key) != getattr(lb, key):
+            raise ValueError(f"LoadBalancer.load_state_dict: {key} is {state.get(key)!r} in the state and "
+                             f"{getattr(lb, key)!r} here: they define the samples of every step; resume "
+                             "with the same ones")
