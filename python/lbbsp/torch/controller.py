@@ -23,7 +23,7 @@ from .loss import LossScale
 from .memory import DeviceMemory
 from .monitor import ResourceMonitor
 from .report import EXO, Report, checksum, read_metrics
-from .sampler import BalancedBatchSampler, balanced_loader, step_name
+from .sampler import BalancedBatchSampler, balanced_loader
 from .sizes import DecidedSizes, micro_split
 
 
@@ -185,23 +185,9 @@ class LoadBalancer:
             # decided from the reports of steps already closed (a DataLoader reading ahead asks here first)
             self._decide_through(min(global_step - self.lag - 1, self._step - 1), block=True)
         if global_step not in self.sizes:
-            raise RuntimeError(self._not_decided(global_step))
+            raise RuntimeError(self.sizes.not_decided(global_step, self._step, self.steps_per_epoch, self.lag,
+                                                      self.exchange.launched(self._step)))
         return self.sizes[global_step].copy()
-
-    def _not_decided(self, global_step: int) -> str:
-        epoch, step = divmod(global_step, self.steps_per_epoch)
-        if global_step < self._step:
-            return (f"LoadBalancer: step {step} of epoch {epoch} is past: the run is at step {self._step} "
-                    f"({step_name(self._step, self.steps_per_epoch)}); continue from lb.global_step (a sampler "
-                    "from lb.batch_sampler() starts there by itself)")
-        known = list(self.sizes)
-        why = (f"step {self._step}'s backward has run but lb.step() has not: call lb.step() once per step, "
-               "after opt.step()" if self.exchange.launched(self._step) else
-               "a DataLoader prefetching P batches ahead needs lag >= P (num_workers * prefetch_factor: "
-               "lbbsp.torch.required_lag)")
-        return (f"LoadBalancer: the sizes of step {step} of epoch {epoch} (global step {global_step}) are not "
-                f"decided yet: the run is at step {self._step} and decides lag={self.lag} steps ahead (known: "
-                f"steps {known[0]}..{known[-1]}); {why}")
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The epoch's sample order (lbbsp.epoch_permutation(n, seed, epoch)), cached for the current epoch."""

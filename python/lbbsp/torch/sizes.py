@@ -5,6 +5,8 @@ from typing import Dict, Iterator, List, Sequence
 
 import numpy as np
 
+from .sampler import step_name
+
 
 class DecidedSizes:
     """Batch vectors (int64, one entry per rank) keyed by global step."""
@@ -54,6 +56,23 @@ class DecidedSizes:
         furthest = max(self._by_step)
         for g in range(furthest + 1, last + 1):
             self._by_step[g] = self._by_step[furthest].copy()
+
+    def not_decided(self, global_step: int, current: int, steps_per_epoch: int, lag: int, backward_ran: bool) -> str:
+        """The error for a step whose vector is not here: past (the run is at ``current``) or not decided yet
+        (``backward_ran``: step ``current``'s backward has run but its step() has not)."""
+        epoch, step = divmod(global_step, steps_per_epoch)
+        if global_step < current:
+            return (f"LoadBalancer: step {step} of epoch {epoch} is past: the run is at step {current} "
+                    f"({step_name(current, steps_per_epoch)}); continue from lb.global_step (a sampler "
+                    "from lb.batch_sampler() starts there by itself)")
+        known = list(self)
+        why = (f"step {current}'s backward has run but lb.step() has not: call lb.step() once per step, "
+               "after opt.step()" if backward_ran else
+               "a DataLoader prefetching P batches ahead needs lag >= P (num_workers * prefetch_factor: "
+               "lbbsp.torch.required_lag)")
+        return (f"LoadBalancer: the sizes of step {step} of epoch {epoch} (global step {global_step}) are not "
+                f"decided yet: the run is at step {current} and decides lag={lag} steps ahead (known: "
+                f"steps {known[0]}..{known[-1]}); {why}")
 
     def as_lists(self, first: int, last: int) -> List[List[int]]:
         """The vectors of steps first..last as lists (a state's one leaf for torch.distributed.checkpoint)."""
