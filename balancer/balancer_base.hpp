@@ -114,7 +114,14 @@ class BalancerBase : public Balancer {
 std::unique_ptr<Balancer> make_bsp(const BalancerConfig& cfg);
 std::unique_ptr<Balancer> make_static(const BalancerConfig& cfg, int64_t measuring_iterations);
 std::unique_ptr<Balancer> make_random(const BalancerConfig& cfg, uint64_t seed);
-std::unique_ptr<Balancer> make_lbbsp_cpu(const BalancerConfig& cfg, const std::string& predictor_spec);
+// lbbsp-cpu's noise band, in RMS misses: `band` to leave or return to the equal split, `track` (a fraction
+// of it) between two unequal ones (;band=FACTOR and ;track=FACTOR). docs/balancers.md has the measurements.
+struct BandFactors {
+  static constexpr double kBand = 1.0, kTrack = 1.0;
+  double band = kBand, track = kTrack;
+};
+std::unique_ptr<Balancer> make_lbbsp_cpu(const BalancerConfig& cfg, const std::string& predictor_spec,
+                                         BandFactors factors = {});
 std::unique_ptr<Balancer> make_lbbsp_gpu(const BalancerConfig& cfg, int64_t window);
 std::unique_ptr<Balancer> make_lbbsp_gpu_model(const BalancerConfig& cfg);
 std::unique_ptr<Balancer> make_oracle(const BalancerConfig& cfg);

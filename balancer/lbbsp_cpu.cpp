@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -47,8 +48,8 @@ std::vector<double> clipped_speeds(const IterationReport& report) {
 
 class LbbspCpuBalancer final : public BalancerBase {
  public:
-  LbbspCpuBalancer(const BalancerConfig& cfg, std::string spec)
-      : BalancerBase(cfg, true), spec_(std::move(spec)) {
+  LbbspCpuBalancer(const BalancerConfig& cfg, std::string spec, BandFactors factors)
+      : BalancerBase(cfg, true), spec_(std::move(spec)), factors_(factors) {
     predictors_.reserve(n());
     for (size_t i = 0; i < n(); ++i)
       predictors_.push_back(
@@ -56,7 +57,13 @@ class LbbspCpuBalancer final : public BalancerBase {
     base_speed_.assign(n(), kNaN);
     signal_base_.assign(n(), kNaN);
   }
-  std::string name() const override { return "lbbsp-cpu:" + spec_; }
+  std::string name() const override {
+    std::ostringstream name;  // the shortest form of a factor, as given (0.5, not 0.500000)
+    name << "lbbsp-cpu:" << spec_;
+    if (factors_.band != BandFactors::kBand) name << ";band=" << factors_.band;
+    if (factors_.track != BandFactors::kTrack) name << ";track=" << factors_.track;
+    return name.str();
+  }
   std::vector<int64_t> initial() override { return equal_split(bounds_for(nullptr)); }
   std::vector<int64_t> next(const IterationReport& report) override {
     check_report(report);
@@ -193,21 +200,22 @@ class LbbspCpuBalancer final : public BalancerBase {
   }
   // The equal split when the new one beats it by no more than the noise (the speeds are then not known to
   // differ) and the speeds averaged over the held split do not tell the workers apart either, else the held
-  // split when the new one beats that by no more than the noise (and the averaged speeds do not say
-  // otherwise: below), else the new one.
+  // split when the new one beats that by no more than the noise times `track` (and the averaged speeds do not
+  // say otherwise: below), else the new one. Leaving and returning to the equal split take the full band.
   std::vector<int64_t> hold_within_noise(const std::vector<int64_t>& batch, const BatchBounds& bounds) {
     const auto curves = curves_from_speeds(predicted_);
-    const double band = band_, new_s = slowest_finish_s(curves, batch);
-    const auto gains_little_over = [&](const std::vector<int64_t>& other) {  // in logs, as the misses
-      return std::log(slowest_finish_s(curves, other) / new_s) <= band;
+    const double band = factors_.band * band_, new_s = slowest_finish_s(curves, batch);
+    const auto gains_little_over = [&](const std::vector<int64_t>& other, double width) {  // in logs
+      return std::log(slowest_finish_s(curves, other) / new_s) <= width;
     };
     if (band <= 0) return batch;
     const std::vector<int64_t> equal = equal_split(bounds);
-    const bool keep_equal = gains_little_over(equal);
-    if (!keep_equal && !(within(held_, bounds) && gains_little_over(held_))) return batch;
-    if (!keep_equal || equal == held_) return held_or_averaged(band, bounds);
+    const double track = equal == held_ ? band : factors_.track * band;  // between two unequal splits
+    const bool keep_equal = gains_little_over(equal, band);
+    if (!keep_equal && !(within(held_, bounds) && gains_little_over(held_, track))) return batch;
+    if (!keep_equal || equal == held_) return held_or_averaged(track, bounds);
     if (!within(held_, bounds) || phase_changed()) return equal;
-    const std::vector<int64_t> kept = held_or_averaged(band, bounds);
+    const std::vector<int64_t> kept = held_or_averaged(track, bounds);
     return averaged_tell_apart(equal, kept, band) ? kept : equal;
   }
   // One step's prediction within the band of the equal split is noise as often as not: with a co-tenant off,
@@ -255,6 +263,7 @@ class LbbspCpuBalancer final : public BalancerBase {
   }
 
   std::string spec_;
+  BandFactors factors_;  // ;band= and ;track=: the band's widths
   std::vector<std::unique_ptr<predictors::Predictor>> predictors_;
   std::vector<double> predicted_;
   std::vector<double> base_speed_;   // speed at capacity 1 (ground truth capacity), for the oracle predictor
@@ -272,8 +281,9 @@ class LbbspCpuBalancer final : public BalancerBase {
 
 }  // namespace
 
-std::unique_ptr<Balancer> make_lbbsp_cpu(const BalancerConfig& cfg, const std::string& predictor_spec) {
-  return std::make_unique<LbbspCpuBalancer>(cfg, predictor_spec);
+std::unique_ptr<Balancer> make_lbbsp_cpu(const BalancerConfig& cfg, const std::string& predictor_spec,
+                                         BandFactors factors) {
+  return std::make_unique<LbbspCpuBalancer>(cfg, predictor_spec, factors);
 }
 
 }  // namespace lbbsp::balancer::detail

@@ -2,6 +2,7 @@
 // balancer of that kind (one per file: bsp.cpp, static.cpp, random.cpp, lbbsp_cpu.cpp, lbbsp_gpu.cpp,
 // lbbsp_gpu_model.cpp, oracle.cpp).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <iterator>
 #include <memory>
@@ -16,7 +17,9 @@ namespace lbbsp::balancer {
 namespace {
 
 constexpr const char* kValidBalancers =
-    "valid: bsp, static[:K], random[:SEED], lbbsp-cpu[:PREDICTOR], lbbsp-gpu[:W], lbbsp-gpu-model, oracle";
+    "valid: bsp, static[:K], random[:SEED], lbbsp-cpu[:PREDICTOR][;band=F][;track=F], lbbsp-gpu[:W], "
+    "lbbsp-gpu-model, "
+    "oracle";
 
 // Whole text as a (signed) integer, as std::stoll reads it; `what` names the field in the message.
 int64_t parse_int(const spec::Spec& spec, const std::string& text, const std::string& what) {
@@ -29,6 +32,28 @@ int64_t parse_int(const spec::Spec& spec, const std::string& text, const std::st
   }
   if (text.empty() || used != text.size()) spec.fail("bad " + what + " '" + text + "'");
   return v;
+}
+
+// lbbsp-cpu's ;band=FACTOR and ;track=FACTOR (detail::BandFactors), each finite and >= 0.
+detail::BandFactors band_factors(const spec::Spec& spec) {
+  detail::BandFactors factors;
+  for (const auto& kv : spec.options()) {
+    if (kv.key != "band" && kv.key != "track")
+      spec.fail("lbbsp-cpu takes the options band=FACTOR and track=FACTOR, got '" + kv.key + "'");
+    double factor = 0;
+    size_t used = 0;
+    try {
+      factor = std::stod(kv.value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (kv.value.empty() || used != kv.value.size() || !std::isfinite(factor) || factor < 0)
+      spec.fail(kv.key +
+                " must be a number >= 0 (the noise band's width in RMS misses; 1 is the default), got '" +
+                kv.value + "'");
+    (kv.key == "band" ? factors.band : factors.track) = factor;
+  }
+  return factors;
 }
 
 void check_config(const BalancerConfig& cfg) {
@@ -64,7 +89,7 @@ std::unique_ptr<Balancer> make_balancer(const BalancerConfig& cfg) {
   const auto& kinds = balancer_kinds();
   if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
     spec.fail("unknown balancer '" + cfg.name + "'");
-  spec.expect_no_options();
+  if (kind != "lbbsp-cpu") spec.expect_no_options();
   if (kind == "bsp") return spec.expect_no_args(), detail::make_bsp(cfg);
   if (kind == "oracle") return spec.expect_no_args(), detail::make_oracle(cfg);
   if (kind == "lbbsp-gpu-model") return spec.expect_no_args(), detail::make_lbbsp_gpu_model(cfg);
@@ -81,7 +106,7 @@ std::unique_ptr<Balancer> make_balancer(const BalancerConfig& cfg) {
   if (kind == "lbbsp-cpu") {  // the arguments are a predictor spec, parsed by make_predictor()
     const std::string predictor = spec.has_args() ? spec.args() : cfg.predictor;
     if (predictor.empty()) spec.fail("lbbsp-cpu needs a predictor spec");
-    return detail::make_lbbsp_cpu(cfg, predictor);
+    return detail::make_lbbsp_cpu(cfg, predictor, band_factors(spec));
   }
   const int64_t window = spec.has_args() ? parse_int(spec, spec.args(), "lbbsp-gpu window") : 2;
   if (window < 1) spec.fail("lbbsp-gpu window must be >= 1, got " + spec.args());

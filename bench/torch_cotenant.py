@@ -16,6 +16,7 @@ Runners, each a fresh pair of ranks under the same co-tenant, in rotating order 
 
     plain      DDP, equal split, DDP's own averaging hook (the baseline)
     lbbsp      DDP + lbbsp.torch.LoadBalancer (--balancer, --predictor)
+    lbbsp-b    the same with --balancer-b (not run unless named in --runners: an A/B of two balancer specs)
     omnilearn  OmniLearn's controller (TPDS 2025) as its paper gives it: every 20 steps each worker moves its batch
                by -(b/t)(t - mean t), 5% dead band; gradients summed (benchmark code, not the product)
     naive      what a user would write: sizes proportional to the measured speeds (samples/s), smoothed (EMA 0.5),
@@ -143,8 +144,9 @@ def rank_main(rank, world, port, runner, a, out):
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     lb = ctrl = None
     clock = ComputeClock(ddp.module)
-    if runner == "lbbsp":
-        lb = LoadBalancer(ddp, dataset_size=len(x), global_batch=X, balancer=a.balancer, predictor=a.predictor)
+    if runner in ("lbbsp", "lbbsp-b"):
+        spec = a.balancer if runner == "lbbsp" else a.balancer_b
+        lb = LoadBalancer(ddp, dataset_size=len(x), global_batch=X, balancer=spec, predictor=a.predictor)
     elif runner != "plain":
         ddp.register_comm_hook(None, sum_allreduce_hook)
         ctrl = OmniLearn(world) if runner == "omnilearn" else Naive(world)
@@ -279,6 +281,8 @@ def main():
     ap.add_argument("--tick", type=float, default=0.25, help="trace: seconds per trace sample")
     ap.add_argument("--balancer", default="lbbsp-cpu")
     ap.add_argument("--predictor", default="narx")
+    ap.add_argument("--balancer-b", default="lbbsp-cpu;track=0.5",
+                    help="the runner lbbsp-b's balancer (an A/B against --balancer in one run; add it to --runners)")
     ap.add_argument("--out", default="results/cotenant")
     ap.add_argument("--tabulate", action="store_true", help="run nothing: the table of the runs kept in --out")
     a = ap.parse_args()

@@ -54,8 +54,9 @@ class Balancer:
     """Re-sizes each worker's share of a fixed global batch every iteration (rank 0's job in a trainer).
 
     Args:
-        name: ``bsp``, ``static[:K]``, ``random:SEED``, ``lbbsp-cpu[:PREDICTOR]``, ``lbbsp-gpu[:W]``,
-            ``lbbsp-gpu-model`` or ``oracle`` (see ``lbbsp train --help``).
+        name: ``bsp``, ``static[:K]``, ``random:SEED``, ``lbbsp-cpu[:PREDICTOR][;band=F][;track=F]``,
+            ``lbbsp-gpu[:W]``, ``lbbsp-gpu-model`` or ``oracle`` (see ``lbbsp train --help``; the noise band's
+            factors: docs/balancers.md "Noise").
         workers: number of workers (ranks).
         global_batch: samples per iteration over all workers; every batch vector sums to it.
         predictor: speed predictor of ``lbbsp-cpu`` (``narx``, ``arima``, ``ema``, ``last``, ``oracle``).

@@ -26,10 +26,11 @@ def check_int(value: Any, name: str, minimum: Optional[int] = None, prefix: str 
 
 
 def check_name(value: Any, name: str, known: Sequence[str]) -> str:
-    """value, a string whose part before the first ``:`` is one of ``known`` (``lbbsp-cpu:ema`` -> ``lbbsp-cpu``)."""
+    """value, a string whose kind (the part before the first ``:`` or ``;``) is one of ``known``
+    (``lbbsp-cpu:ema`` and ``lbbsp-cpu;band=0.5`` -> ``lbbsp-cpu``); the C++ factory checks the rest."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a string, got {type(value).__name__}")
-    base = value.split(":", 1)[0]
+    base = value.split(";", 1)[0].split(":", 1)[0]
     if base not in known:
         raise ValueError(f"unknown {name} '{value}': choose one of {', '.join(known)}")
     return value

@@ -105,7 +105,9 @@ const std::vector<std::string> kAll = {
 
 TEST(Balancers, FactoryRejectsBadConfigs) {
   for (const char* bad :
-       {"nope", "static:0", "static:x", "bsp:1", "lbbsp-gpu:0", "oracle:2", "lbbsp-cpu:bogus"}) {
+       {"nope", "static:0", "static:x", "bsp:1", "lbbsp-gpu:0", "oracle:2", "lbbsp-cpu:bogus", "bsp;band=1",
+        "lbbsp-cpu;band=-1", "lbbsp-cpu;band=x", "lbbsp-cpu;band=", "lbbsp-cpu;band=inf", "lbbsp-cpu;width=1",
+        "lbbsp-cpu;track=-0.5", "lbbsp-cpu;track=0.5x"}) {
     auto cfg = config(bad, 4, 16);
     EXPECT_THROW(make_balancer(cfg), std::invalid_argument) << bad;
   }
@@ -133,7 +135,8 @@ TEST(Balancers, FactoryErrorsNameTheSpecAndTheValidForms) {
     return "accepted";
   };
   const std::string valid =
-      "valid: bsp, static[:K], random[:SEED], lbbsp-cpu[:PREDICTOR], lbbsp-gpu[:W], lbbsp-gpu-model, oracle)";
+      "valid: bsp, static[:K], random[:SEED], lbbsp-cpu[:PREDICTOR][;band=F][;track=F], lbbsp-gpu[:W], "
+      "lbbsp-gpu-model, oracle)";
   EXPECT_EQ(message("nope"), "balancer: unknown balancer 'nope' (in 'nope'; " + valid);
   EXPECT_EQ(message("bsp:1"), "balancer: 'bsp' takes no arguments (in 'bsp:1'; " + valid);
   EXPECT_EQ(message("static:x"), "balancer: bad static measuring iterations 'x' (in 'static:x'; " + valid);
@@ -451,6 +454,39 @@ TEST(Balancers, LbbspCpuDoesNotChaseNoise) {
     EXPECT_LE(unequal, 14) << predictor;
     EXPECT_LE(mean_of(lb.iteration_s, 30, 300), 1.01 * mean_of(bsp.iteration_s, 30, 300)) << predictor;
   }
+}
+
+// ;band=FACTOR scales the band: 1 decides as the default does, 0 follows every prediction (the noise chased).
+TEST(Balancers, LbbspCpuBandOptionScalesTheBand) {
+  const NoisyRun standard = run_noisy("lbbsp-cpu", "narx", 0.25, 1.0, 1000);
+  const NoisyRun one = run_noisy("lbbsp-cpu;band=1", "narx", 0.25, 1.0, 1000);
+  const NoisyRun none = run_noisy("lbbsp-cpu;band=0", "narx", 0.25, 1.0, 1000);
+  EXPECT_EQ(one.batch, standard.batch);
+  int changes = 0;  // iterations 30..299 whose split differs from the one before
+  for (size_t t = 30; t < 300; ++t) changes += none.batch[t] != none.batch[t - 1];
+  EXPECT_GE(changes, 200);
+  EXPECT_EQ(make_balancer(config("lbbsp-cpu:narx;band=0.5", 4, 16))->name(), "lbbsp-cpu:narx;band=0.5");
+  EXPECT_EQ(make_balancer(config("lbbsp-cpu:ema;track=0.25;band=2", 4, 16))->name(),
+            "lbbsp-cpu:ema;band=2;track=0.25");
+  EXPECT_EQ(make_balancer(config("lbbsp-cpu:ema;track=1", 4, 16))->name(), "lbbsp-cpu:ema");
+}
+
+// ;track=FACTOR scales only the band between two unequal splits: equal workers under noise keep the equal
+// split exactly as by default (leaving it takes the full band), while a balanced straggler's split follows
+// each prediction with track=0 and is held by default.
+TEST(Balancers, LbbspCpuTrackOptionScalesOnlyTheBandBetweenUnequalSplits) {
+  EXPECT_EQ(run_noisy("lbbsp-cpu;track=0", "narx", 0.25, 1.0, 1000).batch,
+            run_noisy("lbbsp-cpu", "narx", 0.25, 1.0, 1000).batch);
+  const auto changes =
+      [](const NoisyRun& run) {  // iterations 120..299 whose split differs from the one before
+        int n = 0;
+        for (size_t t = 120; t < 300; ++t) n += run.batch[t] != run.batch[t - 1];
+        return n;
+      };
+  const NoisyRun followed = run_noisy("lbbsp-cpu;track=0", "narx", 0.25, 0.4, 100);
+  const NoisyRun held = run_noisy("lbbsp-cpu", "narx", 0.25, 0.4, 100);
+  EXPECT_GE(changes(followed), 150);
+  EXPECT_LE(changes(held), 20);
 }
 
 // The same noise with a real straggler (worker 0 at 40% from iteration 100): balanced within a few
