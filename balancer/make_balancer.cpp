@@ -41,13 +41,7 @@ detail::BandFactors band_factors(const spec::Spec& spec) {
     if (kv.key != "band" && kv.key != "track")
       spec.fail("lbbsp-cpu takes the options band=FACTOR and track=FACTOR, got '" + kv.key + "'");
     double factor = 0;
-    size_t used = 0;
-    try {
-      factor = std::stod(kv.value, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (kv.value.empty() || used != kv.value.size() || !std::isfinite(factor) || factor < 0)
+    if (!spec::parse_number(kv.value, factor) || !std::isfinite(factor) || factor < 0)
       spec.fail(kv.key +
                 " must be a number >= 0 (the noise band's width in RMS misses; 1 is the default), got '" +
                 kv.value + "'");
