@@ -20,8 +20,9 @@ namespace {
 
 using balancer::TimeCurve;
 
-std::string base_name(const std::string& entry) {
-  return entry.substr(0, entry.find(':'));
+std::string base_name(
+    const std::string& entry) {  // "lbbsp-cpu" of "lbbsp-cpu:narx" and of "lbbsp-cpu;band=2"
+  return entry.substr(0, entry.find_first_of(":;"));
 }
 
 bool starts_with_balancer(const std::string& piece) {
@@ -243,10 +244,11 @@ SimulationResult simulate(const SimulatorConfig& cfg, const std::vector<TraceSer
     if (cfg.profile == "gpu") bc.mem_cap = cluster.mem_cap;
     balancers.push_back(balancer::make_balancer(bc));
     const bool uses_predictor = base_name(entry) == "lbbsp-cpu";
-    const size_t colon = entry.find(':');
+    const std::string spec = entry.substr(0, entry.find(';'));  // the ;KEY=VALUE options are the balancer's
+    const size_t colon = spec.find(':');
     predictor_of.push_back(!uses_predictor              ? ""
                            : colon == std::string::npos ? cfg.predictor
-                                                        : entry.substr(colon + 1));
+                                                        : spec.substr(colon + 1));
   }
 
   std::unique_ptr<std::ofstream> trace_file;

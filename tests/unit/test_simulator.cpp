@@ -68,8 +68,9 @@ TEST(Simulator, OracleBoundsEveryBalancerOnBothProfiles) {
     cfg.workers = 12;
     cfg.iterations = 80;
     cfg.profile = profile;
-    cfg.balancers = {"bsp",           "static",    "random:3",        "lbbsp-cpu:last",
-                     "lbbsp-cpu:ema", "lbbsp-gpu", "lbbsp-gpu-model", "oracle"};
+    cfg.balancers = {
+        "bsp",       "static",          "random:3", "lbbsp-cpu:last",     "lbbsp-cpu:ema",
+        "lbbsp-gpu", "lbbsp-gpu-model", "oracle",   "lbbsp-cpu;follow=1", "lbbsp-cpu:ema;band=2"};
     const SimulationResult r = simulate(cfg, traces);
     ASSERT_EQ(r.results.size(), cfg.balancers.size());
     for (const auto& x : r.results) {
@@ -86,6 +87,8 @@ TEST(Simulator, OracleBoundsEveryBalancerOnBothProfiles) {
     const bool gpu = std::string(profile) == "gpu";
     EXPECT_GT(find(r, gpu ? "lbbsp-gpu-model" : "lbbsp-cpu:last").speedup_vs_bsp, 1.05) << profile;
     EXPECT_EQ(find(r, "lbbsp-cpu:ema").predictor, "ema");
+    EXPECT_EQ(find(r, "lbbsp-cpu:ema;band=2").predictor, "ema");
+    EXPECT_EQ(find(r, "lbbsp-cpu;follow=1").predictor, cfg.predictor);
     EXPECT_EQ(find(r, "bsp").predictor, "");
   }
 }
