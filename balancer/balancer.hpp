@@ -44,8 +44,8 @@ struct IterationReport {
 };
 
 struct BalancerConfig {
-  // bsp | static[:K] | random:SEED | lbbsp-cpu[:PREDICTOR_SPEC][;band=F][;track=F] | lbbsp-gpu[:W] |
-  // lbbsp-gpu-model | oracle
+  // bsp | static[:K] | random:SEED | lbbsp-cpu[:PREDICTOR_SPEC][;band=F][;track=F][;follow=0|1] |
+  // lbbsp-gpu[:W] | lbbsp-gpu-model | oracle
   // ("lbbsp-cpu:SPEC" overrides `predictor`; lbbsp-gpu's W is its first monitoring window, default 2).
   std::string name = "bsp";
   std::string predictor = "narx";  // for lbbsp-cpu

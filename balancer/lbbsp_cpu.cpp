@@ -16,7 +16,7 @@
 namespace lbbsp::balancer::detail {
 namespace {
 
-constexpr const char* kStateTag = "lbbsp-cpu/4";  // the one format read: docs/checkpoints.md
+constexpr const char* kStateTag = "lbbsp-cpu/5";  // the one format read: docs/checkpoints.md
 
 // Exogenous vectors are fitted to the configured length, and non-finite entries zeroed, before predictors see
 // them.
@@ -62,6 +62,7 @@ class LbbspCpuBalancer final : public BalancerBase {
     name << "lbbsp-cpu:" << spec_;
     if (factors_.band != BandFactors::kBand) name << ";band=" << factors_.band;
     if (factors_.track != BandFactors::kTrack) name << ";track=" << factors_.track;
+    if (factors_.follow) name << ";follow=1";
     return name.str();
   }
   std::vector<int64_t> initial() override { return equal_split(bounds_for(nullptr)); }
@@ -70,6 +71,7 @@ class LbbspCpuBalancer final : public BalancerBase {
     const std::vector<double> speeds = clipped_speeds(report);
     note_misses(speeds);
     band_ = current_band();
+    const std::vector<double> followed = follow_new_phase(speeds);
     if (held_.empty()) held_ = report_batch(report);  // the split in flight (the initial one)
     BatchBounds bounds = bounds_for(&report);
     predicted_.resize(n());
@@ -97,6 +99,7 @@ class LbbspCpuBalancer final : public BalancerBase {
       if (std::isnan(speeds[i]) && tracked) predicted_[i] = signal_base_[i] * cap_next;
       if (tracked) bounds.min[i] = std::min(cfg_.min_batch, bounds.max[i]);
     });
+    if (!followed.empty()) predicted_ = followed;
     std::vector<int64_t> batch = assign_by_speed(predicted_, cfg_.global_batch, bounds);
     const auto iteration_s = [&] {
       double worst = 0;
@@ -106,8 +109,9 @@ class LbbspCpuBalancer final : public BalancerBase {
     };
     const auto probed = probe_hopeless(
         report, batch, iteration_s, [&](size_t i) { return 1.0 / signal_base_[i]; }, bounds);
-    std::vector<int64_t> out = probed.empty() ? hold_within_noise(batch, bounds)
-                                              : assign_by_speed(predicted_, cfg_.global_batch, bounds);
+    std::vector<int64_t> out = !probed.empty()    ? assign_by_speed(predicted_, cfg_.global_batch, bounds)
+                               : followed.empty() ? hold_within_noise(batch, bounds)
+                                                  : equal_within_noise(batch, bounds);
     if (out != held_) streak_.clear();  // a new split: the evidence against the held one starts afresh
     held_ = std::move(out);
     return held_;
@@ -125,6 +129,9 @@ class LbbspCpuBalancer final : public BalancerBase {
     w.put_vector(recent_miss2_);
     w.put_vector(streak_.shares);
     w.put_vector(std::vector<double>{static_cast<double>(streak_.steps)});
+    for (const auto* v : {&suspect_.misses, &suspect_.predicted, &suspect_.log_speed, &suspect_.counted})
+      w.put_vector(*v);
+    w.put_vector(std::vector<double>{static_cast<double>(suspect_.steps)});
     for (const auto& p : predictors_) w.put_string(p->save_state());
     return w.str();
   }
@@ -150,6 +157,7 @@ class LbbspCpuBalancer final : public BalancerBase {
     if ((!streak_.shares.empty() && streak_.shares.size() != n()) || steps.size() != 1 || steps[0] < 0)
       throw std::invalid_argument("lbbsp-cpu: bad averaged speeds of the held split");
     streak_.steps = static_cast<size_t>(steps[0]);
+    load_suspect(r);
     for (auto& p : predictors_) p->load_state(r.get_string());
   }
 
@@ -160,27 +168,65 @@ class LbbspCpuBalancer final : public BalancerBase {
   // measured speeds (a co-scheduled process, 3 ranks on 2 cores, DataLoader workers) does not move samples
   // back and forth, while a straggler that costs more than the noise is balanced at once. Low-noise runs
   // (modelled costs, dedicated nodes) have a band near 0. docs/balancers.md has the measurements.
-  static constexpr double kMissAlpha = 0.1;     // EMA weight of the newest iteration's misses
-  static constexpr size_t kRecentSteps = 3;     // the band is no wider than the widest misses of these
-  static constexpr size_t kAveragedSteps = 16;  // the averaged speeds' band narrows to a quarter, no further
+  static constexpr double kMissAlpha = 0.1;  // EMA weight of the newest iteration's misses
+  static constexpr size_t kRecentSteps = 3;  // the band is no wider than the widest misses of these
+  static constexpr size_t kAveragedSteps = 16;
+  static constexpr size_t kConfirmSteps = 2;  // a change of phase is followed once this many steps confirm it
+                                              // // the averaged speeds' band narrows to a quarter, no further
   // Misses relative to the fleet's, in logs (log(measured / predicted speed) less its mean over the workers
   // measured): what all workers share (a warm-up step, a slower allreduce, a change of phase) moves no
   // sample, and a speed 10x below its prediction counts as much as one 10x above.
   void note_misses(const std::vector<double>& speeds) {
-    std::vector<double> log_ratio;
-    for (size_t i = 0; i < n() && i < predicted_.size(); ++i)
-      if (speeds[i] > 0 && std::isfinite(speeds[i]) && predicted_[i] > 0 && std::isfinite(predicted_[i]))
-        log_ratio.push_back(std::log(speeds[i] / predicted_[i]));
-    if (log_ratio.size() < 2) return;
-    const double count = static_cast<double>(log_ratio.size());
-    double mean = 0, sum2 = 0;
-    for (double q : log_ratio) mean += q / count;
-    for (double q : log_ratio) sum2 += (q - mean) * (q - mean);
-    const double miss2 = sum2 / count;
+    const std::vector<double> misses = relative_misses(speeds, predicted_);
+    double miss2 = 0, count = 0;
+    for (double q : misses)
+      if (!std::isnan(q)) miss2 += q * q, ++count;
+    if (count < 2) return;
+    miss2 /= count;
     recent_miss2_.push_back(miss2);
     if (recent_miss2_.size() > kRecentSteps) recent_miss2_.erase(recent_miss2_.begin());
     miss2_ = (1 - kMissAlpha) * miss2_ + kMissAlpha * miss2;
     miss_weight_ = (1 - kMissAlpha) * miss_weight_ + kMissAlpha;  // bias correction, as Adam's
+  }
+  // Per worker log(measured / predicted speed) less its mean over the workers measured (NaN where either is
+  // missing, all NaN with fewer than 2 measured).
+  std::vector<double> relative_misses(const std::vector<double>& speeds,
+                                      const std::vector<double>& predicted) const {
+    std::vector<double> q(n(), kNaN);
+    double mean = 0, count = 0;
+    for (size_t i = 0; i < n() && i < predicted.size(); ++i)
+      if (speeds[i] > 0 && std::isfinite(speeds[i]) && predicted[i] > 0 && std::isfinite(predicted[i]))
+        q[i] = std::log(speeds[i] / predicted[i]), mean += q[i], ++count;
+    for (double& v : q) v = count >= 2 ? v - mean / count : kNaN;
+    return q;
+  }
+  // A change of phase (phase_changed: a co-tenant come or gone) is followed on the measured speeds, skipping
+  // the predictors (NARX takes 5-10 steps to unlearn the old phase) and the band (widened by the change's own
+  // misses), once the next kConfirmSteps steps confirm it: each sits nearer the suspected new phase than the
+  // old predictions (sum over workers of (r - q)^2 < r^2, q and r the relative misses of the predictions made
+  // before the change, on the suspected step and this one). A slow step or two (gone the next) move nothing:
+  // recorded under a steady co-tenant, two-step blips were followed there and back at one confirming step.
+  // Returns the speeds to split by (the geometric mean of the suspected and confirming steps'), or nothing.
+  std::vector<double> follow_new_phase(const std::vector<double>& speeds) {
+    if (!factors_.follow) return {};
+    if (suspect_.misses.empty()) {
+      if (phase_changed()) suspect_.start(relative_misses(speeds, predicted_), predicted_, speeds);
+      return {};
+    }
+    const std::vector<double> r = relative_misses(speeds, suspect_.predicted);
+    double nearer_new = 0, nearer_old = 0;
+    for (size_t i = 0; i < n(); ++i)
+      if (!std::isnan(r[i]) && !std::isnan(suspect_.misses[i]))
+        nearer_new += (r[i] - suspect_.misses[i]) * (r[i] - suspect_.misses[i]), nearer_old += r[i] * r[i];
+    if (!(nearer_new < nearer_old)) {
+      suspect_.clear();  // its echo (the step after a spike, back to normal) is no change of phase of its own
+      return {};
+    }
+    suspect_.add(speeds);
+    if (suspect_.steps <= kConfirmSteps) return {};
+    std::vector<double> followed = suspect_.mean_speeds(predicted_);
+    suspect_.clear();
+    return followed;
   }
   // At least this iteration's own misses: after one wild step (a rank's DataLoader worker starved) the
   // predictions are off by about what that step missed by, and the next steps' misses say how far they still
@@ -217,6 +263,16 @@ class LbbspCpuBalancer final : public BalancerBase {
     if (!within(held_, bounds) || phase_changed()) return equal;
     const std::vector<int64_t> kept = held_or_averaged(track, bounds);
     return averaged_tell_apart(equal, kept, band) ? kept : equal;
+  }
+  // The split of a followed change of phase, or the equal split where that gains no more than the misses' EMA
+  // (which the change itself has widened by a fifth of its own misses, not all of them as the band).
+  std::vector<int64_t> equal_within_noise(const std::vector<int64_t>& batch,
+                                          const BatchBounds& bounds) const {
+    const std::vector<int64_t> equal = equal_split(bounds);
+    const auto curves = curves_from_speeds(predicted_);
+    const double ema_band = miss_weight_ > 0 ? std::sqrt(miss2_ / miss_weight_) : 0.0;
+    const double gain = std::log(slowest_finish_s(curves, equal) / slowest_finish_s(curves, batch));
+    return gain <= factors_.band * ema_band ? equal : batch;
   }
   // One step's prediction within the band of the equal split is noise as often as not: with a co-tenant off,
   // ranks a few percent apart (about one band) went to and from the equal split on 64 of 72 changes. So a
@@ -255,6 +311,17 @@ class LbbspCpuBalancer final : public BalancerBase {
     const double steps = static_cast<double>(std::min<size_t>(streak_.steps, kAveragedSteps));
     return gain > band / std::sqrt(steps) ? averaged : held_;
   }
+  void load_suspect(StateReader& r) {
+    for (auto* v : {&suspect_.misses, &suspect_.predicted, &suspect_.log_speed, &suspect_.counted}) {
+      *v = r.get_vector<double>();
+      if (v->size() != suspect_.misses.size() || (!v->empty() && v->size() != n()))
+        throw std::invalid_argument("lbbsp-cpu: bad suspected change of phase");
+    }
+    const std::vector<double> steps = r.get_vector<double>();
+    if (steps.size() != 1 || steps[0] < 0 || steps[0] > kConfirmSteps)
+      throw std::invalid_argument("lbbsp-cpu: bad suspected change of phase");
+    suspect_.steps = static_cast<size_t>(steps[0]);
+  }
   std::vector<double> streak_mean() const {  // the held split's averaged speeds, as shares
     std::vector<double> mean(n(), 0.0);
     for (size_t i = 0; i < n() && i < streak_.shares.size(); ++i)
@@ -263,7 +330,7 @@ class LbbspCpuBalancer final : public BalancerBase {
   }
 
   std::string spec_;
-  BandFactors factors_;  // ;band= and ;track=: the band's widths
+  BandFactors factors_;  // ;band=, ;track=: the band's widths; ;follow=1: follow_new_phase
   std::vector<std::unique_ptr<predictors::Predictor>> predictors_;
   std::vector<double> predicted_;
   std::vector<double> base_speed_;   // speed at capacity 1 (ground truth capacity), for the oracle predictor
@@ -277,6 +344,28 @@ class LbbspCpuBalancer final : public BalancerBase {
     size_t steps = 0;
     void clear() { shares.clear(), steps = 0; }
   } streak_;
+  struct Suspect {  // a change of phase seen on one step, to be confirmed by the next (follow_new_phase)
+    std::vector<double> misses, predicted;   // that step's relative misses and the predictions they missed
+    std::vector<double> log_speed, counted;  // per worker: the sum of log(speed) since, and how many
+    size_t steps = 0;                        // the steps summed (the suspected one included)
+    void start(std::vector<double> q, std::vector<double> p, const std::vector<double>& speeds) {
+      misses = std::move(q), predicted = std::move(p);
+      log_speed.assign(speeds.size(), 0.0), counted.assign(speeds.size(), 0.0), steps = 0;
+      add(speeds);
+    }
+    void add(const std::vector<double>& speeds) {
+      for (size_t i = 0; i < speeds.size() && i < log_speed.size(); ++i)
+        if (speeds[i] > 0 && std::isfinite(speeds[i])) log_speed[i] += std::log(speeds[i]), ++counted[i];
+      ++steps;
+    }
+    std::vector<double> mean_speeds(const std::vector<double>& otherwise) const {  // geometric means
+      std::vector<double> mean(otherwise);
+      for (size_t i = 0; i < mean.size() && i < log_speed.size(); ++i)
+        if (counted[i] > 0) mean[i] = std::exp(log_speed[i] / counted[i]);
+      return mean;
+    }
+    void clear() { *this = Suspect{}; }
+  } suspect_;
 };
 
 }  // namespace

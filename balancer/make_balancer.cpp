@@ -17,9 +17,8 @@ namespace lbbsp::balancer {
 namespace {
 
 constexpr const char* kValidBalancers =
-    "valid: bsp, static[:K], random[:SEED], lbbsp-cpu[:PREDICTOR][;band=F][;track=F], lbbsp-gpu[:W], "
-    "lbbsp-gpu-model, "
-    "oracle";
+    "valid: bsp, static[:K], random[:SEED], lbbsp-cpu[:PREDICTOR][;band=F][;track=F][;follow=0|1], "
+    "lbbsp-gpu[:W], lbbsp-gpu-model, oracle";
 
 // Whole text as a (signed) integer, as std::stoll reads it; `what` names the field in the message.
 int64_t parse_int(const spec::Spec& spec, const std::string& text, const std::string& what) {
@@ -34,12 +33,20 @@ int64_t parse_int(const spec::Spec& spec, const std::string& text, const std::st
   return v;
 }
 
-// lbbsp-cpu's ;band=FACTOR and ;track=FACTOR (detail::BandFactors), each finite and >= 0.
+// lbbsp-cpu's ;band=FACTOR and ;track=FACTOR (detail::BandFactors), each finite and >= 0, and ;follow=0|1.
 detail::BandFactors band_factors(const spec::Spec& spec) {
   detail::BandFactors factors;
   for (const auto& kv : spec.options()) {
+    if (kv.key == "follow") {
+      if (kv.value != "0" && kv.value != "1")
+        spec.fail(
+            "follow must be 0 or 1 (1: follow a confirmed change of phase; 0, the default: not), got '" +
+            kv.value + "'");
+      factors.follow = kv.value == "1";
+      continue;
+    }
     if (kv.key != "band" && kv.key != "track")
-      spec.fail("lbbsp-cpu takes the options band=FACTOR and track=FACTOR, got '" + kv.key + "'");
+      spec.fail("lbbsp-cpu takes the options band=FACTOR, track=FACTOR and follow=0|1, got '" + kv.key + "'");
     double factor = 0;
     if (!spec::parse_number(kv.value, factor) || !std::isfinite(factor) || factor < 0)
       spec.fail(kv.key +

@@ -54,7 +54,7 @@ class Balancer:
     """Re-sizes each worker's share of a fixed global batch every iteration (rank 0's job in a trainer).
 
     Args:
-        name: ``bsp``, ``static[:K]``, ``random:SEED``, ``lbbsp-cpu[:PREDICTOR][;band=F][;track=F]``,
+        name: ``bsp``, ``static[:K]``, ``random:SEED``, ``lbbsp-cpu[:PREDICTOR][;band=F][;track=F][;follow=0|1]``,
             ``lbbsp-gpu[:W]``, ``lbbsp-gpu-model`` or ``oracle`` (see ``lbbsp train --help``; the noise band's
             factors: docs/balancers.md "Noise").
         workers: number of workers (ranks).

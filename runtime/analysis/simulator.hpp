@@ -17,9 +17,9 @@ struct SimulatorConfig {
   int64_t iterations = 200;
   std::string profile = "cpu";  // cpu: t = b * cost_i / capacity; gpu: t = curve_i(b) / capacity, memory caps
   int64_t global_batch = 0;     // 0: 32 samples per worker
-  // Entries: bsp, static[:K], random:SEED, lbbsp-cpu[:PREDICTOR][;band=F][;track=F], lbbsp-gpu[:W],
-  // lbbsp-gpu-model, oracle. bsp and oracle are always run (appended when missing): they are the baselines of
-  // the ratios.
+  // Entries: bsp, static[:K], random:SEED, lbbsp-cpu[:PREDICTOR][;band=F][;track=F][;follow=0|1],
+  // lbbsp-gpu[:W], lbbsp-gpu-model, oracle. bsp and oracle are always run (appended when missing): they are
+  // the baselines of the ratios.
   std::vector<std::string> balancers = {"bsp", "oracle"};
   std::string predictor = "ema";  // lbbsp-cpu entries without their own spec
   uint64_t seed = 1;

@@ -29,7 +29,8 @@ void add_simulate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--traces", opt->traces, "Trace file or folder (searched recursively)")->required();
   cmd->add_option("--balancers", opt->balancers,
-                  "Comma-separated: bsp, static[:K], random:SEED, lbbsp-cpu[:PREDICTOR][;band=F][;track=F], "
+                  "Comma-separated: bsp, static[:K], random:SEED, "
+                  "lbbsp-cpu[:PREDICTOR][;band=F][;track=F][;follow=0|1], "
                   "lbbsp-gpu[:W], "
                   "lbbsp-gpu-model, oracle (bsp and oracle are always added)")
       ->capture_default_str();

@@ -118,9 +118,9 @@ void add_train_command(CLI::App& app) {
   t->add_option("--data-memory-mb", c.data.memory_mb,
                 "Load a split into memory when it fits in this many MiB")
       ->capture_default_str();
-  t->add_option(
-       "--balancer", c.balancing.balancer,
-       "bsp | static[:K] | random:SEED | lbbsp-cpu[;band=F][;track=F] | lbbsp-gpu | lbbsp-gpu-model | oracle")
+  t->add_option("--balancer", c.balancing.balancer,
+                "bsp | static[:K] | random:SEED | lbbsp-cpu[;band=F][;track=F][;follow=0|1] | lbbsp-gpu | "
+                "lbbsp-gpu-model | oracle")
       ->capture_default_str();
   t->add_option("--predictor", c.balancing.predictor,
                 "Speed predictor for lbbsp-cpu: narx | arima | ema | last | oracle")

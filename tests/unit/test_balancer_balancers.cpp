@@ -9,87 +9,15 @@
 #include "balancer/assign.hpp"
 #include "balancer/balancer.hpp"
 #include "balancer/curve_fit.hpp"
+#include "balancer_cluster.hpp"
 
 using namespace lbbsp::balancer;
+using namespace lbbsp::balancer::test_cluster;
 
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// Workers with a base speed (CPU, linear) or a time curve (GPU) scaled by a per-iteration capacity.
-struct Cluster {
-  std::vector<double> base_speed;
-  std::vector<TimeCurve> curve;               // empty: CPU profile
-  std::vector<std::vector<double>> capacity;  // [iteration][worker]
-  std::vector<int64_t> mem_cap;               // empty: unlimited
-
-  size_t n() const { return base_speed.size(); }
-  double compute_s(size_t t, size_t i, int64_t b) const {
-    const double c = capacity[t][i];
-    return curve.empty() ? static_cast<double>(b) / (base_speed[i] * c)
-                         : curve[i].time(static_cast<double>(b)) / c;
-  }
-  TimeCurve true_curve(size_t t, size_t i) const {
-    if (curve.empty()) return TimeCurve{0, 0, 1.0 / (base_speed[i] * capacity[t][i])};
-    const double c = capacity[t][i];
-    return TimeCurve{curve[i].floor_s / c, curve[i].sat_batch, curve[i].slope_s_per_sample / c};
-  }
-  double iteration_s(size_t t, const std::vector<int64_t>& batch) const {
-    double worst = 0;
-    for (size_t i = 0; i < n(); ++i) worst = std::max(worst, compute_s(t, i, batch[i]));
-    return worst;
-  }
-  IterationReport report(size_t t, const std::vector<int64_t>& batch) const {
-    IterationReport r;
-    r.iteration = static_cast<int64_t>(t);
-    r.workers.resize(n());
-    for (size_t i = 0; i < n(); ++i) {
-      WorkerReport& w = r.workers[i];
-      w.batch = batch[i];
-      w.compute_s = compute_s(t, i, batch[i]);
-      w.exo = {capacity[t][i]};
-      w.truth.capacity = capacity[t][i];
-      w.truth.capacity_next = capacity[t + 1][i];
-      if (!mem_cap.empty()) w.mem_cap = mem_cap[i];
-      if (!curve.empty()) w.truth.curve_next = true_curve(t + 1, i);
-    }
-    return r;
-  }
-};
-
-Cluster static_cpu_cluster(size_t n, size_t iterations) {
-  Cluster c;
-  for (size_t i = 0; i < n; ++i) c.base_speed.push_back(100.0 * (1 + static_cast<double>(i % 4)));  // 1x..4x
-  c.capacity.assign(iterations + 1, std::vector<double>(n, 1.0));
-  return c;
-}
-
-Cluster gpu_cluster(size_t n, size_t iterations, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(0, 1);
-  Cluster c;
-  for (size_t i = 0; i < n; ++i) {
-    const double h = 1 + 2 * u(rng);  // up to 3x faster
-    c.base_speed.push_back(h);
-    c.curve.push_back(TimeCurve{0.05 / h, 24, 0.004 / h});
-    c.mem_cap.push_back(96);
-  }
-  c.capacity.assign(iterations + 1, std::vector<double>(n, 1.0));
-  return c;
-}
-
-BalancerConfig config(const std::string& name, size_t n, int64_t X) {
-  BalancerConfig cfg;
-  cfg.name = name;
-  cfg.predictor = "ema";
-  cfg.workers = static_cast<int>(n);
-  cfg.global_batch = X;
-  cfg.num_exo = 1;
-  cfg.capacity_exo = 0;  // the cluster reports its capacity as exo[0]
-  cfg.seed = 7;
-  return cfg;
-}
 
 void expect_valid(const std::vector<int64_t>& b, int64_t X, const std::vector<int64_t>& caps, size_t n) {
   BatchBounds bounds;
@@ -107,7 +35,7 @@ TEST(Balancers, FactoryRejectsBadConfigs) {
   for (const char* bad :
        {"nope", "static:0", "static:x", "bsp:1", "lbbsp-gpu:0", "oracle:2", "lbbsp-cpu:bogus", "bsp;band=1",
         "lbbsp-cpu;band=-1", "lbbsp-cpu;band=x", "lbbsp-cpu;band=", "lbbsp-cpu;band=inf", "lbbsp-cpu;width=1",
-        "lbbsp-cpu;track=-0.5", "lbbsp-cpu;track=0.5x"}) {
+        "lbbsp-cpu;track=-0.5", "lbbsp-cpu;track=0.5x", "lbbsp-cpu;follow=2", "lbbsp-cpu;follow="}) {
     auto cfg = config(bad, 4, 16);
     EXPECT_THROW(make_balancer(cfg), std::invalid_argument) << bad;
   }
@@ -135,8 +63,8 @@ TEST(Balancers, FactoryErrorsNameTheSpecAndTheValidForms) {
     return "accepted";
   };
   const std::string valid =
-      "valid: bsp, static[:K], random[:SEED], lbbsp-cpu[:PREDICTOR][;band=F][;track=F], lbbsp-gpu[:W], "
-      "lbbsp-gpu-model, oracle)";
+      "valid: bsp, static[:K], random[:SEED], lbbsp-cpu[:PREDICTOR][;band=F][;track=F][;follow=0|1], "
+      "lbbsp-gpu[:W], lbbsp-gpu-model, oracle)";
   EXPECT_EQ(message("nope"), "balancer: unknown balancer 'nope' (in 'nope'; " + valid);
   EXPECT_EQ(message("bsp:1"), "balancer: 'bsp' takes no arguments (in 'bsp:1'; " + valid);
   EXPECT_EQ(message("static:x"), "balancer: bad static measuring iterations 'x' (in 'static:x'; " + valid);
@@ -402,143 +330,7 @@ TEST(Balancers, GpuModelDropsFloorBoundStragglersOnlyWhenItCanTrackThem) {
   EXPECT_THROW(make_balancer(cfg), std::invalid_argument);
 }
 
-namespace {
-
-// Equal workers whose measured speed is noisy (log-normal, `noise` SD, i.i.d. per iteration) and not
-// explained by the reported exo (always 1, as when a co-scheduled process takes turns with the rank); worker
-// 0 runs at `slow` of its speed from iteration `slow_from` on. Returns the true iteration times and the batch
-// vectors.
-struct NoisyRun {
-  std::vector<double> iteration_s;
-  std::vector<std::vector<int64_t>> batch;
-};
-NoisyRun run_noisy(const std::string& name, const std::string& predictor, double noise, double slow,
-                   size_t slow_from) {
-  const size_t n = 4, T = 300;
-  Cluster c = static_cpu_cluster(n, T);
-  c.base_speed.assign(n, 100.0);
-  std::mt19937_64 rng(11);
-  std::lognormal_distribution<double> jitter(0.0, noise);
-  for (size_t t = 0; t <= T; ++t)
-    for (size_t i = 0; i < n; ++i) c.capacity[t][i] = jitter(rng) * (i == 0 && t >= slow_from ? slow : 1.0);
-  auto cfg = config(name, n, 400);
-  cfg.predictor = predictor;
-  auto bal = make_balancer(cfg);
-  NoisyRun run;
-  auto batch = bal->initial();
-  for (size_t t = 0; t < T; ++t) {
-    run.iteration_s.push_back(c.iteration_s(t, batch));
-    run.batch.push_back(batch);
-    IterationReport r = c.report(t, batch);
-    for (auto& w : r.workers) w.exo = {1.0};
-    batch = bal->next(r);
-  }
-  return run;
-}
-double mean_of(const std::vector<double>& v, size_t from, size_t to) {
-  double s = 0;
-  for (size_t t = from; t < to; ++t) s += v[t];
-  return s / static_cast<double>(to - from);
-}
-
-}  // namespace
-
-// No straggler, only noise (25% per iteration): the split stays near equal instead of chasing it, and the
-// run is as fast as the equal split.
-TEST(Balancers, LbbspCpuDoesNotChaseNoise) {
-  for (const std::string predictor : {"narx", "ema"}) {
-    const NoisyRun bsp = run_noisy("bsp", "ema", 0.25, 1.0, 1000);
-    const NoisyRun lb = run_noisy("lbbsp-cpu", predictor, 0.25, 1.0, 1000);
-    int unequal = 0;  // iterations 30..299 whose split is not the equal one (all of them before the band)
-    for (size_t t = 30; t < 300; ++t) unequal += lb.batch[t] != bsp.batch[t];
-    EXPECT_LE(unequal, 14) << predictor;
-    EXPECT_LE(mean_of(lb.iteration_s, 30, 300), 1.01 * mean_of(bsp.iteration_s, 30, 300)) << predictor;
-  }
-}
-
-// ;band=FACTOR scales the band: 1 decides as the default does, 0 follows every prediction (the noise chased).
-TEST(Balancers, LbbspCpuBandOptionScalesTheBand) {
-  const NoisyRun standard = run_noisy("lbbsp-cpu", "narx", 0.25, 1.0, 1000);
-  const NoisyRun one = run_noisy("lbbsp-cpu;band=1", "narx", 0.25, 1.0, 1000);
-  const NoisyRun none = run_noisy("lbbsp-cpu;band=0", "narx", 0.25, 1.0, 1000);
-  EXPECT_EQ(one.batch, standard.batch);
-  int changes = 0;  // iterations 30..299 whose split differs from the one before
-  for (size_t t = 30; t < 300; ++t) changes += none.batch[t] != none.batch[t - 1];
-  EXPECT_GE(changes, 200);
-  EXPECT_EQ(make_balancer(config("lbbsp-cpu:narx;band=0.5", 4, 16))->name(), "lbbsp-cpu:narx;band=0.5");
-  EXPECT_EQ(make_balancer(config("lbbsp-cpu:ema;track=0.25;band=2", 4, 16))->name(),
-            "lbbsp-cpu:ema;band=2;track=0.25");
-  EXPECT_EQ(make_balancer(config("lbbsp-cpu:ema;track=1", 4, 16))->name(), "lbbsp-cpu:ema");
-}
-
-// ;track=FACTOR scales only the band between two unequal splits: equal workers under noise keep the equal
-// split exactly as by default (leaving it takes the full band), while a balanced straggler's split follows
-// each prediction with track=0 and is held by default.
-TEST(Balancers, LbbspCpuTrackOptionScalesOnlyTheBandBetweenUnequalSplits) {
-  EXPECT_EQ(run_noisy("lbbsp-cpu;track=0", "narx", 0.25, 1.0, 1000).batch,
-            run_noisy("lbbsp-cpu", "narx", 0.25, 1.0, 1000).batch);
-  const auto changes =
-      [](const NoisyRun& run) {  // iterations 120..299 whose split differs from the one before
-        int n = 0;
-        for (size_t t = 120; t < 300; ++t) n += run.batch[t] != run.batch[t - 1];
-        return n;
-      };
-  const NoisyRun followed = run_noisy("lbbsp-cpu;track=0", "narx", 0.25, 0.4, 100);
-  const NoisyRun held = run_noisy("lbbsp-cpu", "narx", 0.25, 0.4, 100);
-  EXPECT_GE(changes(followed), 150);
-  EXPECT_LE(changes(held), 20);
-}
-
-// The same noise with a real straggler (worker 0 at 40% from iteration 100): balanced within a few
-// iterations.
-TEST(Balancers, LbbspCpuBalancesAStragglerAboveTheNoise) {
-  for (const std::string predictor : {"narx", "ema"}) {
-    const NoisyRun bsp = run_noisy("bsp", "ema", 0.25, 0.4, 100);
-    const NoisyRun lb = run_noisy("lbbsp-cpu", predictor, 0.25, 0.4, 100);
-    for (size_t t = 120; t < 300; ++t) EXPECT_LT(lb.batch[t][0], 70) << predictor << " iteration " << t;
-    EXPECT_LT(mean_of(lb.iteration_s, 120, 300), 0.8 * mean_of(bsp.iteration_s, 120, 300)) << predictor;
-  }
-}
-
-// A straggler within the noise (worker 0 at 75% from iteration 100, 25% noise per iteration: one step's gain
-// of balancing is below one step's misses): the speeds averaged over the steps a split is held tell it apart,
-// and the run is faster than the equal split. Without the averaging the band held a split near equal.
-TEST(Balancers, LbbspCpuBalancesAStragglerWithinTheNoise) {
-  for (const std::string predictor : {"narx", "ema"}) {
-    const NoisyRun bsp = run_noisy("bsp", "ema", 0.25, 0.75, 100);
-    const NoisyRun lb = run_noisy("lbbsp-cpu", predictor, 0.25, 0.75, 100);
-    double share0 = 0;  // worker 0's mean share of the 400 samples, iterations 150..299 (balanced: 82 of 400)
-    for (size_t t = 150; t < 300; ++t) share0 += static_cast<double>(lb.batch[t][0]) / 150.0;
-    EXPECT_LT(share0, 92) << predictor;
-    EXPECT_LT(mean_of(lb.iteration_s, 150, 300), 0.97 * mean_of(bsp.iteration_s, 150, 300)) << predictor;
-  }
-}
-
-// noise_band() reports the band the last decision used: about 0 on a cluster without noise, of the order of
-// the injected noise (25% log-normal per iteration) with it, and 0 for a balancer that keeps none.
-TEST(Balancers, LbbspCpuReportsItsNoiseBand) {
-  const auto last_band = [](const std::string& name, double noise) {
-    const size_t n = 4, T = 60;
-    Cluster c = static_cpu_cluster(n, T);
-    std::mt19937_64 rng(5);
-    std::lognormal_distribution<double> jitter(0.0, noise);
-    for (size_t t = 0; t <= T; ++t)
-      for (size_t i = 0; i < n; ++i) c.capacity[t][i] = noise > 0 ? jitter(rng) : 1.0;
-    auto cfg = config(name, n, 400);
-    cfg.capacity_exo = -1;  // only the measured speeds tell
-    auto bal = make_balancer(cfg);
-    auto batch = bal->initial();
-    for (size_t t = 0; t < T; ++t) batch = bal->next(c.report(t, batch));
-    return bal->noise_band();
-  };
-  EXPECT_LT(last_band("lbbsp-cpu:last", 0.0), 1e-6);
-  const double noisy = last_band("lbbsp-cpu:ema", 0.25);
-  EXPECT_GT(noisy, 0.1);
-  EXPECT_LT(noisy, 0.8);
-  EXPECT_EQ(last_band("bsp", 0.25), 0.0);
-}
-
-// lbbsp-cpu's formats before lbbsp-cpu/4 ("lbbsp-cpu", "lbbsp-cpu/2", "lbbsp-cpu/3") were never released: a
+// lbbsp-cpu's formats before lbbsp-cpu/5 ("lbbsp-cpu", "lbbsp-cpu/2" to "lbbsp-cpu/4") were never released: a
 // state of one (here today's fields under the old tag) is refused naming both formats and the way out, and
 // the balancer goes on from where it was.
 TEST(Balancers, LbbspCpuRefusesAnUnreleasedEarlierFormat) {
@@ -548,48 +340,18 @@ TEST(Balancers, LbbspCpuRefusesAnUnreleasedEarlierFormat) {
   auto batch = a->initial();
   for (size_t t = 0; t < 6; ++t) batch = a->next(c.report(t, batch));
   const std::string saved = a->save_state();
-  const std::string header = "lbbsp-balancer-state lbbsp-cpu/4\n";
+  const std::string header = "lbbsp-balancer-state lbbsp-cpu/5\n";
   ASSERT_EQ(saved.rfind(header, 0), 0u) << saved.substr(0, 40);
-  for (const std::string old : {"lbbsp-cpu", "lbbsp-cpu/2", "lbbsp-cpu/3"}) {
+  for (const std::string old : {"lbbsp-cpu", "lbbsp-cpu/2", "lbbsp-cpu/3", "lbbsp-cpu/4"}) {
     const std::string old_state = "lbbsp-balancer-state " + old + "\n" + saved.substr(header.size());
     try {
       a->load_state(old_state);
       ADD_FAILURE() << old << " was loaded";
     } catch (const std::invalid_argument& e) {
-      const std::string want = "balancer state has format '" + old + "', this lbbsp reads 'lbbsp-cpu/4' only";
+      const std::string want = "balancer state has format '" + old + "', this lbbsp reads 'lbbsp-cpu/5' only";
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("start afresh"), std::string::npos) << e.what();
     }
     EXPECT_EQ(a->save_state(), saved) << old;
   }
-}
-
-// Predictions that miss wildly for the first 3 steps (while the predictors know nothing: here the workers'
-// speeds jump about, log-normal) and are exact after: the band forgets the burst once it is over, so the
-// split is the balanced one from iteration 7 on, whatever the burst (16 of them). The EMA alone held a wrong
-// split to iteration 9 here (in a PyTorch run, with NARX, to iteration 16).
-TEST(Balancers, LbbspCpuForgetsABurstOfMisses) {
-  const size_t n = 4, T = 30;
-  const std::vector<int64_t> balanced = {200, 200, 100, 50};
-  for (const double spread : {0.6, 1.0})
-    for (uint64_t seed = 1; seed <= 8; ++seed) {
-      Cluster c = static_cpu_cluster(n, T);
-      c.base_speed = {100.0, 100.0, 50.0, 25.0};
-      std::mt19937_64 rng(seed);
-      std::lognormal_distribution<double> burst(0.0, spread);
-      for (size_t t = 0; t < 3; ++t)
-        for (size_t i = 0; i < n; ++i) c.capacity[t][i] = burst(rng);
-      auto cfg = config("lbbsp-cpu:last", n, 550);
-      cfg.capacity_exo = -1;  // no capacity reported: only the measured speeds tell
-      auto bal = make_balancer(cfg);
-      auto batch = bal->initial();
-      for (size_t t = 0; t < T; ++t) {
-        if (t >= 7) {
-          EXPECT_EQ(batch, balanced) << "spread " << spread << " seed " << seed << " iteration " << t;
-        }
-        IterationReport r = c.report(t, batch);
-        for (auto& w : r.workers) w.exo = {1.0};
-        batch = bal->next(r);
-      }
-    }
 }
