@@ -99,7 +99,8 @@ class LbbspCpuBalancer final : public BalancerBase {
       if (std::isnan(speeds[i]) && tracked) predicted_[i] = signal_base_[i] * cap_next;
       if (tracked) bounds.min[i] = std::min(cfg_.min_batch, bounds.max[i]);
     });
-    if (!followed.empty()) predicted_ = followed;
+    for (size_t i = 0; i < followed.size(); ++i)
+      if (!std::isnan(followed[i])) predicted_[i] = followed[i];
     std::vector<int64_t> batch = assign_by_speed(predicted_, cfg_.global_batch, bounds);
     const auto iteration_s = [&] {
       double worst = 0;
@@ -168,11 +169,10 @@ class LbbspCpuBalancer final : public BalancerBase {
   // measured speeds (a co-scheduled process, 3 ranks on 2 cores, DataLoader workers) does not move samples
   // back and forth, while a straggler that costs more than the noise is balanced at once. Low-noise runs
   // (modelled costs, dedicated nodes) have a band near 0. docs/balancers.md has the measurements.
-  static constexpr double kMissAlpha = 0.1;  // EMA weight of the newest iteration's misses
-  static constexpr size_t kRecentSteps = 3;  // the band is no wider than the widest misses of these
-  static constexpr size_t kAveragedSteps = 16;
+  static constexpr double kMissAlpha = 0.1;     // EMA weight of the newest iteration's misses
+  static constexpr size_t kRecentSteps = 3;     // the band is no wider than the widest misses of these
+  static constexpr size_t kAveragedSteps = 16;  // the averaged speeds' band narrows to a quarter, no further
   static constexpr size_t kConfirmSteps = 2;  // a change of phase is followed once this many steps confirm it
-                                              // // the averaged speeds' band narrows to a quarter, no further
   // Misses relative to the fleet's, in logs (log(measured / predicted speed) less its mean over the workers
   // measured): what all workers share (a warm-up step, a slower allreduce, a change of phase) moves no
   // sample, and a speed 10x below its prediction counts as much as one 10x above.
@@ -206,7 +206,8 @@ class LbbspCpuBalancer final : public BalancerBase {
   // old predictions (sum over workers of (r - q)^2 < r^2, q and r the relative misses of the predictions made
   // before the change, on the suspected step and this one). A slow step or two (gone the next) move nothing:
   // recorded under a steady co-tenant, two-step blips were followed there and back at one confirming step.
-  // Returns the speeds to split by (the geometric mean of the suspected and confirming steps'), or nothing.
+  // Returns the speeds to split by (the geometric mean of the suspected and confirming steps'; NaN for a
+  // worker measured in none of them), or nothing.
   std::vector<double> follow_new_phase(const std::vector<double>& speeds) {
     if (!factors_.follow) return {};
     if (suspect_.misses.empty()) {
@@ -224,7 +225,7 @@ class LbbspCpuBalancer final : public BalancerBase {
     }
     suspect_.add(speeds);
     if (suspect_.steps <= kConfirmSteps) return {};
-    std::vector<double> followed = suspect_.mean_speeds(predicted_);
+    std::vector<double> followed = suspect_.mean_speeds();
     suspect_.clear();
     return followed;
   }
@@ -344,7 +345,7 @@ class LbbspCpuBalancer final : public BalancerBase {
     size_t steps = 0;
     void clear() { shares.clear(), steps = 0; }
   } streak_;
-  struct Suspect {  // a change of phase seen on one step, to be confirmed by the next (follow_new_phase)
+  struct Suspect {  // a change of phase seen on one step, to be confirmed by the next two (follow_new_phase)
     std::vector<double> misses, predicted;   // that step's relative misses and the predictions they missed
     std::vector<double> log_speed, counted;  // per worker: the sum of log(speed) since, and how many
     size_t steps = 0;                        // the steps summed (the suspected one included)
@@ -358,9 +359,9 @@ class LbbspCpuBalancer final : public BalancerBase {
         if (speeds[i] > 0 && std::isfinite(speeds[i])) log_speed[i] += std::log(speeds[i]), ++counted[i];
       ++steps;
     }
-    std::vector<double> mean_speeds(const std::vector<double>& otherwise) const {  // geometric means
-      std::vector<double> mean(otherwise);
-      for (size_t i = 0; i < mean.size() && i < log_speed.size(); ++i)
+    std::vector<double> mean_speeds() const {  // geometric means (NaN: never measured)
+      std::vector<double> mean(log_speed.size(), kNaN);
+      for (size_t i = 0; i < mean.size(); ++i)
         if (counted[i] > 0) mean[i] = std::exp(log_speed[i] / counted[i]);
       return mean;
     }

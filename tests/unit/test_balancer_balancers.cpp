@@ -26,8 +26,8 @@ void expect_valid(const std::vector<int64_t>& b, int64_t X, const std::vector<in
 }
 
 const std::vector<std::string> kAll = {
-    "bsp",           "static",    "static:2",    "random:3",        "lbbsp-cpu:last",
-    "lbbsp-cpu:ema", "lbbsp-gpu", "lbbsp-gpu:1", "lbbsp-gpu-model", "oracle"};
+    "bsp",       "static",      "static:2",        "random:3", "lbbsp-cpu:last",        "lbbsp-cpu:ema",
+    "lbbsp-gpu", "lbbsp-gpu:1", "lbbsp-gpu-model", "oracle",   "lbbsp-cpu:ema;follow=1"};
 
 }  // namespace
 

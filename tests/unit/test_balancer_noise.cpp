@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -186,6 +187,24 @@ TEST(Balancers, LbbspCpuSlowStepsMoveNothing) {
     for (size_t t = 30; t < 300; ++t) unequal += followed.batch[t] != std::vector<int64_t>(4, 100);
     EXPECT_LE(unequal, 20) << predictor;  // of 270 (9 with narx, 14 with ema: the slow steps)
   }
+}
+
+// A worker whose reports carry no speed through a followed change (its time lost: NaN) keeps its predicted
+// speed, and so its share, while the others' come from their measured speeds.
+TEST(Balancers, LbbspCpuFollowKeepsTheShareOfAWorkerNotMeasured) {
+  const Cluster c = noisy_cluster(0.02, 0.4, 100);
+  auto cfg = config("lbbsp-cpu;follow=1", 4, 400);
+  cfg.capacity_exo = -1;
+  auto bal = make_balancer(cfg);
+  auto batch = bal->initial();
+  for (size_t t = 0; t < 104; ++t) {
+    IterationReport r = c.report(t, batch);
+    for (auto& w : r.workers) w.exo = {1.0};
+    if (t >= 100) r.workers[3].compute_s = std::numeric_limits<double>::quiet_NaN();
+    batch = bal->next(r);
+  }
+  EXPECT_LT(batch[0], 60);   // followed: about 47
+  EXPECT_GT(batch[3], 100);  // about 118, as workers 1 and 2
 }
 
 // A state saved between a suspected change of phase and its confirmation continues identically.
