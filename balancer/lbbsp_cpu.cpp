@@ -69,9 +69,9 @@ class LbbspCpuBalancer final : public BalancerBase {
   std::vector<int64_t> next(const IterationReport& report) override {
     check_report(report);
     const std::vector<double> speeds = clipped_speeds(report);
-    note_misses(speeds);
+    const std::vector<double> misses = note_misses(speeds);
     band_ = current_band();
-    const std::vector<double> followed = follow_new_phase(speeds);
+    const std::vector<double> followed = follow_new_phase(speeds, misses);
     if (held_.empty()) held_ = report_batch(report);  // the split in flight (the initial one)
     BatchBounds bounds = bounds_for(&report);
     predicted_.resize(n());
@@ -175,18 +175,19 @@ class LbbspCpuBalancer final : public BalancerBase {
   static constexpr size_t kConfirmSteps = 2;  // a change of phase is followed once this many steps confirm it
   // Misses relative to the fleet's, in logs (log(measured / predicted speed) less its mean over the workers
   // measured): what all workers share (a warm-up step, a slower allreduce, a change of phase) moves no
-  // sample, and a speed 10x below its prediction counts as much as one 10x above.
-  void note_misses(const std::vector<double>& speeds) {
-    const std::vector<double> misses = relative_misses(speeds, predicted_);
+  // sample, and a speed 10x below its prediction counts as much as one 10x above. Returns this step's.
+  std::vector<double> note_misses(const std::vector<double>& speeds) {
+    std::vector<double> misses = relative_misses(speeds, predicted_);
     double miss2 = 0, count = 0;
     for (double q : misses)
       if (!std::isnan(q)) miss2 += q * q, ++count;
-    if (count < 2) return;
+    if (count < 2) return misses;
     miss2 /= count;
     recent_miss2_.push_back(miss2);
     if (recent_miss2_.size() > kRecentSteps) recent_miss2_.erase(recent_miss2_.begin());
     miss2_ = (1 - kMissAlpha) * miss2_ + kMissAlpha * miss2;
     miss_weight_ = (1 - kMissAlpha) * miss_weight_ + kMissAlpha;  // bias correction, as Adam's
+    return misses;
   }
   // Per worker log(measured / predicted speed) less its mean over the workers measured (NaN where either is
   // missing, all NaN with fewer than 2 measured).
@@ -207,11 +208,11 @@ class LbbspCpuBalancer final : public BalancerBase {
   // before the change, on the suspected step and this one). A slow step or two (gone the next) move nothing:
   // recorded under a steady co-tenant, two-step blips were followed there and back at one confirming step.
   // Returns the speeds to split by (the geometric mean of the suspected and confirming steps'; NaN for a
-  // worker measured in none of them), or nothing.
-  std::vector<double> follow_new_phase(const std::vector<double>& speeds) {
+  // worker measured in none of them), or nothing. `misses`: this step's, of predicted_ (note_misses).
+  std::vector<double> follow_new_phase(const std::vector<double>& speeds, const std::vector<double>& misses) {
     if (!factors_.follow) return {};
     if (suspect_.misses.empty()) {
-      if (phase_changed()) suspect_.start(relative_misses(speeds, predicted_), predicted_, speeds);
+      if (phase_changed()) suspect_.start(misses, predicted_, speeds);
       return {};
     }
     const std::vector<double> r = relative_misses(speeds, suspect_.predicted);

@@ -14,14 +14,15 @@
 
 #include "balancer/balancer.hpp"
 #include "common/format.hpp"
+#include "common/spec.hpp"
 
 namespace lbbsp::runtime {
 namespace {
 
 using balancer::TimeCurve;
 
-std::string base_name(
-    const std::string& entry) {  // "lbbsp-cpu" of "lbbsp-cpu:narx" and of "lbbsp-cpu;band=2"
+// "lbbsp-cpu" of "lbbsp-cpu:narx" and of "lbbsp-cpu;band=2" (lenient: it only finds where an entry starts).
+std::string base_name(const std::string& entry) {
   return entry.substr(0, entry.find_first_of(":;"));
 }
 
@@ -243,12 +244,10 @@ SimulationResult simulate(const SimulatorConfig& cfg, const std::vector<TraceSer
     bc.seed = cfg.seed;
     if (cfg.profile == "gpu") bc.mem_cap = cluster.mem_cap;
     balancers.push_back(balancer::make_balancer(bc));
-    const bool uses_predictor = base_name(entry) == "lbbsp-cpu";
-    const std::string spec = entry.substr(0, entry.find(';'));  // the ;KEY=VALUE options are the balancer's
-    const size_t colon = spec.find(':');
-    predictor_of.push_back(!uses_predictor              ? ""
-                           : colon == std::string::npos ? cfg.predictor
-                                                        : spec.substr(colon + 1));
+    const spec::Spec parsed(entry, "balancer", "");  // as make_balancer read it: KIND[:ARGS][;KEY=VALUE...]
+    predictor_of.push_back(parsed.kind() != "lbbsp-cpu" ? ""
+                           : parsed.has_args()          ? parsed.args()
+                                                        : cfg.predictor);
   }
 
   std::unique_ptr<std::ofstream> trace_file;
