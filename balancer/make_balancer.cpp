@@ -50,7 +50,8 @@ detail::BandFactors band_factors(const spec::Spec& spec) {
     double factor = 0;
     if (!spec::parse_number(kv.value, factor) || !std::isfinite(factor) || factor < 0)
       spec.fail(kv.key +
-                " must be a number >= 0 (the noise band's width in RMS misses; 1 is the default), got '" +
+                " must be a number >= 0 (the noise band's width in RMS misses; band=0.5 and track=1 by "
+                "default), got '" +
                 kv.value + "'");
     (kv.key == "band" ? factors.band : factors.track) = factor;
   }

@@ -45,11 +45,11 @@ def test_replayed_onoff_cotenant_reports_are_followed_phase_by_phase():
     off). From step 60 on, leaving out the 8 steps after each switch, the decided share must be within 6 samples
     of its phase's balanced share in 90% of the steps (99% here; the equal split: 39%; lbbsp-cpu's own decisions
     arriving 20 steps late, as a controller re-sizing every 20 steps would: 63%), off by 3 samples or less on
-    average (1.5; late by 20 steps: 8.5), and change in at most 15% of those steps (22 of 192: with the co-tenant
-    off the ranks differ by about one noise band, and a return to the equal split on one step's prediction within
-    the band, not on the speeds averaged over the held split, changed it 45 times). In the 8 steps after each
-    switch, lbbsp-cpu;follow=1's share must be off by 8 samples or less on average, and by 0.5 less than the
-    default's."""
+    average (1.6; late by 20 steps: 8.5), and lose at most 3% to the balanced split in time, at the phase's mean
+    speeds (2.4%, with 77 changes of the split in 192 steps; with the band of 1 it had by default until
+    2026-12: 2.2%, 22 changes; each step's speeds followed without a band, the `last` predictor: 3.5%). In the 8
+    steps after each switch, lbbsp-cpu;follow=1's share must be off by 7 samples or less on average, and by 0.3
+    less than the default's."""
     rep = _recorded("cotenant_onoff_reports.csv")
     steps = len(rep)
     per_sample = rep[:, :, 3] / rep[:, :, 2]
@@ -70,15 +70,16 @@ def test_replayed_onoff_cotenant_reports_are_followed_phase_by_phase():
     miss = np.abs(decided[:-1, 1] - balanced[1:])  # decided after step i: the sizes of step i + 1
     assert np.mean(miss[settled[1:]] <= 6) >= 0.9, (np.mean(miss[settled[1:]] <= 6), decided[::10, 1].tolist())
     assert miss[settled[1:]].mean() <= 3, (miss[settled[1:]].mean(), decided[::10, 1].tolist())
-    changed = np.r_[False, np.diff(decided[:, 1]) != 0]
-    assert (changed & settled).sum() <= 0.15 * settled.sum(), ((changed & settled).sum(), settled.sum())
+    phase_mean = np.array([speeds[phase == p].mean(axis=0) for p in phase])
+    lost = (decided[:-1] / phase_mean[1:]).max(axis=1) * phase_mean[1:].sum(axis=1) / 128 - 1
+    assert lost[settled[1:]].mean() <= 0.03, (lost[settled[1:]].mean(), decided[::10, 1].tolist())
     # The 8 steps after each switch: with ;follow=1 a confirmed change of phase is followed on the measured
-    # speeds (7.4 samples off on average; the predictors alone, the default, 8.4)
+    # speeds (6.3 samples off on average; the predictors alone, the default, 6.7; with the band of 1, 7.4 and 8.4)
     after = np.zeros(steps, bool)
     for s in switches:
         after[s:s + 8] = True
     followed = np.abs(_replayed(rep, "lbbsp-cpu;follow=1")[:-1, 1] - balanced[1:])[after[1:]].mean()
-    assert followed <= min(8, miss[after[1:]].mean() - 0.5), (followed, miss[after[1:]].mean())
+    assert followed <= min(7, miss[after[1:]].mean() - 0.3), (followed, miss[after[1:]].mean())
 
 
 def _replayed(rep, name):

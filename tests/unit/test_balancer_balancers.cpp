@@ -206,7 +206,7 @@ TEST(Balancers, LbbspCpuLastConvergesToTheOracleOnStaticHeterogeneity) {
 
 TEST(Balancers, LbbspCpuKeepsMeasuringVerySlowWorkersUnlessTracked) {
   for (int signal : {-1, 0}) {
-    Cluster c = static_cpu_cluster(4, 8);
+    Cluster c = static_cpu_cluster(4, 12);
     c.base_speed = {100, 200, 300, 40};
     for (size_t t = 0; t < 4; ++t) c.capacity[t][3] = 0.01;  // then back to 1
     auto cfg = config("lbbsp-cpu:last", 4, 100);
@@ -217,8 +217,9 @@ TEST(Balancers, LbbspCpuKeepsMeasuringVerySlowWorkersUnlessTracked) {
       batch = bal->next(c.report(t, batch));
       EXPECT_EQ(batch[3], signal < 0 ? 1 : 0) << t;  // untracked workers must stay measured
     }
-    batch = bal->next(c.report(4, batch));
-    EXPECT_GE(batch[3], 5) << signal;  // 100 * 40 / 640 = 6.25 at full capacity: used again
+    size_t t = 4;  // back at full capacity: 100 * 40 / 640 = 6.25 samples
+    while (batch[3] < 5 && t < 12) batch = bal->next(c.report(t++, batch));
+    EXPECT_LE(t, 8u) << signal;  // used again by iteration 8 (its recovery's misses widen the band)
   }
 }
 

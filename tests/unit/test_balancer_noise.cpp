@@ -13,40 +13,40 @@
 using namespace lbbsp::balancer;
 using namespace lbbsp::balancer::test_cluster;
 
-// No straggler, only noise (25% per iteration): the split stays near equal instead of chasing it, and the
-// run is as fast as the equal split.
+// No straggler, only noise (25% per iteration): what chasing the noise costs is bounded in time, not in
+// changes of the split (real co-tenants' noise is not i.i.d., and a narrower band tracked them better:
+// docs/balancers.md). Without the band (band=0) this run loses 0.7% (narx) and 2.3% (ema) to the equal split.
 TEST(Balancers, LbbspCpuDoesNotChaseNoise) {
-  for (const std::string predictor : {"narx", "ema"}) {
-    const NoisyRun bsp = run_noisy("bsp", "ema", 0.25, 1.0, 1000);
+  const NoisyRun bsp = run_noisy("bsp", "ema", 0.25, 1.0, 1000);
+  for (const auto& [predictor, lost] : {std::pair{"narx", 0.005}, std::pair{"ema", 0.015}}) {
     const NoisyRun lb = run_noisy("lbbsp-cpu", predictor, 0.25, 1.0, 1000);
-    int unequal = 0;  // iterations 30..299 whose split is not the equal one (all of them before the band)
-    for (size_t t = 30; t < 300; ++t) unequal += lb.batch[t] != bsp.batch[t];
-    EXPECT_LE(unequal, 14) << predictor;
-    EXPECT_LE(mean_of(lb.iteration_s, 30, 300), 1.01 * mean_of(bsp.iteration_s, 30, 300)) << predictor;
+    EXPECT_LE(mean_of(lb.iteration_s, 30, 300), (1 + lost) * mean_of(bsp.iteration_s, 30, 300)) << predictor;
   }
 }
 
-// ;band=FACTOR scales the band: 1 decides as the default does, 0 follows every prediction (the noise chased).
+// ;band=FACTOR scales the band: 0.5 decides as the default does, 0 follows every prediction (the noise
+// chased).
 TEST(Balancers, LbbspCpuBandOptionScalesTheBand) {
   const NoisyRun standard = run_noisy("lbbsp-cpu", "narx", 0.25, 1.0, 1000);
-  const NoisyRun one = run_noisy("lbbsp-cpu;band=1", "narx", 0.25, 1.0, 1000);
+  const NoisyRun half = run_noisy("lbbsp-cpu;band=0.5", "narx", 0.25, 1.0, 1000);
   const NoisyRun none = run_noisy("lbbsp-cpu;band=0", "narx", 0.25, 1.0, 1000);
-  EXPECT_EQ(one.batch, standard.batch);
+  EXPECT_EQ(half.batch, standard.batch);
   int changes = 0;  // iterations 30..299 whose split differs from the one before
   for (size_t t = 30; t < 300; ++t) changes += none.batch[t] != none.batch[t - 1];
   EXPECT_GE(changes, 200);
-  EXPECT_EQ(make_balancer(config("lbbsp-cpu:narx;band=0.5", 4, 16))->name(), "lbbsp-cpu:narx;band=0.5");
+  EXPECT_EQ(make_balancer(config("lbbsp-cpu:narx;band=1", 4, 16))->name(), "lbbsp-cpu:narx;band=1");
   EXPECT_EQ(make_balancer(config("lbbsp-cpu:ema;track=0.25;band=2", 4, 16))->name(),
             "lbbsp-cpu:ema;band=2;track=0.25");
   EXPECT_EQ(make_balancer(config("lbbsp-cpu:ema;track=1", 4, 16))->name(), "lbbsp-cpu:ema");
 }
 
-// ;track=FACTOR scales only the band between two unequal splits: equal workers under noise keep the equal
-// split exactly as by default (leaving it takes the full band), while a balanced straggler's split follows
-// each prediction with track=0 and is held by default.
+// ;track=FACTOR scales only the band between two unequal splits: equal workers under noise whose splits
+// leave the equal one for single steps only (band=1 here) make the same splits with track=0 (leaving and
+// returning take the full band), while a balanced straggler's split follows each prediction with track=0
+// and is held by default.
 TEST(Balancers, LbbspCpuTrackOptionScalesOnlyTheBandBetweenUnequalSplits) {
-  EXPECT_EQ(run_noisy("lbbsp-cpu;track=0", "narx", 0.25, 1.0, 1000).batch,
-            run_noisy("lbbsp-cpu", "narx", 0.25, 1.0, 1000).batch);
+  EXPECT_EQ(run_noisy("lbbsp-cpu;band=1;track=0", "narx", 0.25, 1.0, 1000).batch,
+            run_noisy("lbbsp-cpu;band=1", "narx", 0.25, 1.0, 1000).batch);
   const auto changes =
       [](const NoisyRun& run) {  // iterations 120..299 whose split differs from the one before
         int n = 0;
@@ -152,7 +152,7 @@ size_t first_iteration(const NoisyRun& run, size_t from, const std::function<boo
 // A co-tenant come (worker 0 at 40% from iteration 100) or gone (at 40% until 100), 10% noise: the step's
 // misses mark a change of phase, the next two confirm it, and iteration 103 runs the measured speeds' split
 // (worker 0 at 47 of 400, or the equal 100). Without following (the default, ;follow=0) the predictors
-// unlearn the old phase over steps.
+// unlearn the old phase over steps: as soon or later for a co-tenant come, later for one gone.
 TEST(Balancers, LbbspCpuFollowsAConfirmedChangeOfPhase) {
   const auto come = [](int64_t b0) { return b0 < 60; };
   const auto gone = [](int64_t b0) { return b0 > 90; };
@@ -161,7 +161,7 @@ TEST(Balancers, LbbspCpuFollowsAConfirmedChangeOfPhase) {
     const NoisyRun followed = run_on(arrives, "lbbsp-cpu;follow=1", predictor, 300);
     const NoisyRun lagged = run_on(arrives, "lbbsp-cpu", predictor, 300);
     EXPECT_EQ(first_iteration(followed, 100, come), 103u) << predictor;
-    EXPECT_GT(first_iteration(lagged, 100, come), 103u) << predictor;
+    EXPECT_GE(first_iteration(lagged, 100, come), 103u) << predictor;
     EXPECT_LT(mean_of(followed.iteration_s, 100, 110), mean_of(lagged.iteration_s, 100, 110)) << predictor;
     EXPECT_EQ(first_iteration(run_on(leaves, "lbbsp-cpu;follow=1", predictor, 300), 100, gone), 103u)
         << predictor;
@@ -172,8 +172,8 @@ TEST(Balancers, LbbspCpuFollowsAConfirmedChangeOfPhase) {
 }
 
 // Slow steps (worker 0 at 40% for one or two iterations in 30, 10% noise) are noise, not changes of phase:
-// the splits are those of the default (;follow=0), and the equal one but for a step or two after some of
-// them.
+// the splits are those of the default (;follow=0), and the run loses less than 1% to the equal split
+// (0.2% with narx, 0.9% with ema).
 TEST(Balancers, LbbspCpuSlowStepsMoveNothing) {
   Cluster c = noisy_cluster(0.1, 1.0, 1000);
   for (size_t t = 45, k = 0; t < 299; t += 30, ++k) {
@@ -183,9 +183,8 @@ TEST(Balancers, LbbspCpuSlowStepsMoveNothing) {
   for (const std::string predictor : {"narx", "ema"}) {
     const NoisyRun followed = run_on(c, "lbbsp-cpu;follow=1", predictor, 300);
     EXPECT_EQ(followed.batch, run_on(c, "lbbsp-cpu", predictor, 300).batch) << predictor;
-    int unequal = 0;
-    for (size_t t = 30; t < 300; ++t) unequal += followed.batch[t] != std::vector<int64_t>(4, 100);
-    EXPECT_LE(unequal, 20) << predictor;  // of 270 (9 with narx, 14 with ema: the slow steps)
+    const NoisyRun bsp = run_on(c, "bsp", predictor, 300);
+    EXPECT_LE(mean_of(followed.iteration_s, 30, 300), 1.01 * mean_of(bsp.iteration_s, 30, 300)) << predictor;
   }
 }
 
