@@ -310,8 +310,9 @@ def main():
     ap.add_argument("--tick", type=float, default=0.25, help="trace: seconds per trace sample")
     ap.add_argument("--balancer", default="lbbsp-cpu")
     ap.add_argument("--predictor", default="narx")
-    ap.add_argument("--balancer-b", default="lbbsp-cpu;track=0.5",
-                    help="the runner lbbsp-b's balancer (an A/B against --balancer in one run; add it to --runners)")
+    ap.add_argument("--balancer-b", default="lbbsp-cpu;band=1",
+                    help="the runner lbbsp-b's balancer (an A/B against --balancer in one run; add it to --runners; "
+                         "default: the band lbbsp-cpu had until 2026-12-06)")
     ap.add_argument("--out", default="results/cotenant")
     ap.add_argument("--tabulate", action="store_true", help="run nothing: the table of the runs kept in --out")
     a = ap.parse_args()
