@@ -75,8 +75,9 @@ class Balancer {
   virtual std::vector<int64_t> next(const IterationReport& report) = 0;
   // Speeds (samples/s) predicted for the coming iteration, per worker (empty when the balancer has none).
   virtual std::vector<double> predicted_speeds() const { return {}; }
-  // The relative miss (log of measured / predicted speed, RMS over the workers) a new split must beat to be
-  // taken, as of the last decision; 0 where the balancer holds no band (all but lbbsp-cpu).
+  // The relative miss (log of measured / predicted speed, RMS over the workers) the band is measured in, as
+  // of the last decision (a new split had to beat ;band= times it, 0.5 by default); 0 where the balancer
+  // holds no band (all but lbbsp-cpu).
   virtual double noise_band() const { return 0.0; }
   virtual std::string save_state() const = 0;
   virtual void load_state(const std::string& state) = 0;

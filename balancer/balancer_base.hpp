@@ -114,11 +114,10 @@ class BalancerBase : public Balancer {
 std::unique_ptr<Balancer> make_bsp(const BalancerConfig& cfg);
 std::unique_ptr<Balancer> make_static(const BalancerConfig& cfg, int64_t measuring_iterations);
 std::unique_ptr<Balancer> make_random(const BalancerConfig& cfg, uint64_t seed);
-// lbbsp-cpu's noise band, in RMS misses: `band` to leave or return to the equal split, `track` (a fraction
-// of it) between two unequal ones (;band=FACTOR and ;track=FACTOR); half a miss by default, which tracked
-// real co-tenants better than a whole one; follow: a confirmed change of phase followed on the measured
-// speeds
-// (;follow=1; off by default). docs/balancers.md has the measurements.
+// lbbsp-cpu's noise band, in RMS misses: `band` to leave or return to the equal split (half a miss by
+// default: it tracked real co-tenants better than a whole one), `track` (a fraction of it) between two
+// unequal ones (;band=FACTOR and ;track=FACTOR); follow: a confirmed change of phase followed on the
+// measured speeds (;follow=1; off by default). docs/balancers.md has the measurements.
 struct BandFactors {
   static constexpr double kBand = 0.5, kTrack = 1.0;
   double band = kBand, track = kTrack;

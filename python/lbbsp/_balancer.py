@@ -151,8 +151,9 @@ class Balancer:
         return np.asarray(self._impl.predicted_speeds(), dtype=np.float64)
 
     def noise_band(self) -> float:
-        """The band of the last decision: the relative miss (log of measured / predicted speed, RMS over the
-        workers) a new split had to beat to be taken (lbbsp-cpu, docs/balancers.md "Noise"); 0 for the others."""
+        """The band of the last decision in relative misses (log of measured / predicted speed, RMS over the
+        workers); a new split had to beat ``;band=`` times it, 0.5 by default (lbbsp-cpu, docs/balancers.md
+        "Noise"); 0 for the others."""
         return float(self._impl.noise_band())
 
     def save_state(self) -> bytes:

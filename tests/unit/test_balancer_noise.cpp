@@ -15,7 +15,8 @@ using namespace lbbsp::balancer::test_cluster;
 
 // No straggler, only noise (25% per iteration): what chasing the noise costs is bounded in time, not in
 // changes of the split (real co-tenants' noise is not i.i.d., and a narrower band tracked them better:
-// docs/balancers.md). Without the band (band=0) this run loses 0.7% (narx) and 2.3% (ema) to the equal split.
+// docs/balancers.md). The default loses 0.2% (narx) and 0.9% (ema) to the equal split here, 0.7% and 2.3%
+// without a band (band=0).
 TEST(Balancers, LbbspCpuDoesNotChaseNoise) {
   const NoisyRun bsp = run_noisy("bsp", "ema", 0.25, 1.0, 1000);
   for (const auto& [predictor, lost] : {std::pair{"narx", 0.005}, std::pair{"ema", 0.015}}) {
