@@ -59,10 +59,10 @@ def test_replayed_onoff_cotenant_reports_are_followed_phase_by_phase():
     assert len(switches) >= 5, switches  # the recording holds the co-tenant's phases
     phase = np.cumsum(np.r_[0, np.diff(on.astype(int)) != 0])
     speeds = rep[:, :, 2] / rep[:, :, 3]
-    balanced = np.empty(steps)
+    phase_mean = np.empty((steps, 2))  # each step's phase's mean measured speeds
     for p in np.unique(phase):
-        mean = speeds[phase == p].mean(axis=0)
-        balanced[phase == p] = 128 * mean[1] / mean.sum()
+        phase_mean[phase == p] = speeds[phase == p].mean(axis=0)
+    balanced = 128 * phase_mean[:, 1] / phase_mean.sum(axis=1)
     settled = np.arange(steps) >= 60
     for s in switches:
         settled[s:s + 8] = False
@@ -70,7 +70,6 @@ def test_replayed_onoff_cotenant_reports_are_followed_phase_by_phase():
     miss = np.abs(decided[:-1, 1] - balanced[1:])  # decided after step i: the sizes of step i + 1
     assert np.mean(miss[settled[1:]] <= 6) >= 0.9, (np.mean(miss[settled[1:]] <= 6), decided[::10, 1].tolist())
     assert miss[settled[1:]].mean() <= 3, (miss[settled[1:]].mean(), decided[::10, 1].tolist())
-    phase_mean = np.array([speeds[phase == p].mean(axis=0) for p in phase])
     lost = (decided[:-1] / phase_mean[1:]).max(axis=1) * phase_mean[1:].sum(axis=1) / 128 - 1
     assert lost[settled[1:]].mean() <= 0.03, (lost[settled[1:]].mean(), decided[::10, 1].tolist())
     # The 8 steps after each switch: with ;follow=1 a confirmed change of phase is followed on the measured
