@@ -313,6 +313,9 @@ def test_accelerate_compiled_model_equals_one_process(tmp_path):
 
 
 def test_example_runs_and_the_slowed_rank_gets_fewer_samples(tmp_path):
+    """20 ms a sample on rank 1: the sleep outweighs rank 0's step even with the cores shared (under a loaded
+    CI, other tests' ranks beside it, rank 0's 50-60 samples measured 20-230 ms a step; at 3 ms a sample the
+    split once stayed at 34/26)."""
     import re
     import subprocess
     src = source_dir()
@@ -320,7 +323,7 @@ def test_example_runs_and_the_slowed_rank_gets_fewer_samples(tmp_path):
     synth_images(data_file)
     run = subprocess.run([sys.executable, os.path.join(src, "examples", "accelerate_fmnist.py"), "--data",
                           str(data_file), "--devices", "2", "--epochs", "2", "--batch-size", "30", "--slow",
-                          "1:0.003"], capture_output=True, text=True, timeout=500)
+                          "1:0.02"], capture_output=True, text=True, timeout=500)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     last = re.findall(r"epoch 1: test accuracy [0-9.]+, batch sizes \[(\d+), (\d+)\]", run.stdout)
     assert last, run.stdout
