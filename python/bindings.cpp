@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "lbbsp/core.hpp"
+#include "python/numpy_out.hpp"
+#include "python/torch_reports.hpp"
 #include "runtime/monitor.hpp"
 
 namespace nb = nanobind;
@@ -28,17 +30,10 @@ namespace {
 
 using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using F64Array = nb::ndarray<const double, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using I64Out = nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>;
+using lbbsp::python::to_numpy;
 
 std::span<const int64_t> span_of(const I64Array& a) {
   return {a.data(), a.shape(0)};
-}
-
-// A NumPy array that owns a copy of v.
-I64Out to_numpy(std::vector<int64_t> v) {
-  auto* owned = new std::vector<int64_t>(std::move(v));
-  nb::capsule free_it(owned, [](void* p) noexcept { delete static_cast<std::vector<int64_t>*>(p); });
-  return I64Out(owned->data(), {owned->size()}, free_it);
 }
 
 nb::bytes to_bytes(const std::string& s) {
@@ -182,4 +177,5 @@ NB_MODULE(_lbbsp, m) {
   bind_sampling(m);
   bind_names(m);
   bind_monitor(m);
+  lbbsp::python::bind_torch_reports(m);
 }

@@ -146,6 +146,16 @@ class Balancer:
         self._iteration += 1
         return np.asarray(out, dtype=np.int64)
 
+    def next_from_report_rows(self, rows: np.ndarray, expected: np.ndarray) -> Optional[np.ndarray]:
+        """lbbsp.torch's step: :meth:`next` from the world's report rows (``lbbsp.torch.report``'s layout, a
+        ``(workers, width)`` float64 array) where every row is the usual one (built, of the batch ``expected``
+        gives it, all of one batch vector, measured), checked and decided in one C++ call; else None and the
+        balancer unchanged. ``expected``: the int64 batch vector of the step, C-contiguous."""
+        out = _lbbsp.decide_from_reports(self._impl, self._iteration, rows, expected)
+        if out is not None:
+            self._iteration += 1
+        return out
+
     def predicted_speeds(self) -> np.ndarray:
         """Speeds (samples/s) predicted in the last decision, per worker; empty when the balancer has none."""
         return np.asarray(self._impl.predicted_speeds(), dtype=np.float64)

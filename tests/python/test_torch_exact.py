@@ -38,8 +38,8 @@ from lbbsp.torch import LoadBalancer
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_reports_riding_in_a_gradient_bucket_are_exact(dtype):
-    """The report block appended to the last bucket: summed over 3 ranks it gives every report back exactly,
-    the CRC-32 included (two 16-bit halves: float32 holds integers to 2^24)."""
+    """The report block that rides with the last bucket: summed over 3 ranks it gives every report back exactly,
+    the 32-bit checksum included (two 16-bit halves: float32 holds integers to 2^24)."""
     from lbbsp.torch.report import CHECKSUM, REPORT, read_rows, write_row
     reports = np.array([[r * 100 + k + 0.25 for k in range(REPORT)] for r in range(3)])
     reports[:, CHECKSUM] = [0xFFFFFFFF, 0x80000001, 12345]
@@ -49,6 +49,49 @@ def test_reports_riding_in_a_gradient_bucket_are_exact(dtype):
     summed = sum(blocks)
     assert summed.dtype == dtype
     np.testing.assert_array_equal(read_rows(summed.numpy()), reports)
+
+
+def test_report_row_holds_its_fields_and_the_vectors_checksum():
+    """A report encodes to its fields in the layout's order, the checksum of the batch vector last: the same
+    vector the same checksum on every rank, another vector (the same sizes in another order too) another one."""
+    from lbbsp.torch.report import Report, checksum
+    sizes = np.array([5, 3], dtype=np.int64)
+    row = Report(5, 0.5, [1.0, 0.25, 3.0], 7, 4, False, sizes).encode()
+    assert row.dtype == np.float64 and row[:-1].tolist() == [5, 0.5, 1.0, 0.25, 3.0, 7, 4, 0], row
+    assert row[-1] == checksum(sizes.copy()) and 0 <= row[-1] < 2 ** 32 and row[-1] == int(row[-1])
+    others = [checksum(np.array(v, dtype=np.int64)) for v in ([3, 5], [5, 2], [5, 3, 0], [6, 2])]
+    assert len({row[-1], *others}) == 5, (row[-1], others)
+    assert Report.of_failure(5, sizes).encode()[-2:].tolist() == [1.0, row[-1]]
+
+
+@pytest.mark.parametrize("name", ["lbbsp-cpu", "lbbsp-gpu"])
+def test_decision_from_report_rows_equals_the_checked_one(name):
+    """The per-step decision in one C++ call (Balancer.next_from_report_rows) decides as the checked Python path
+    (next_unchecked on the rows' columns, caps of 0 meaning none) over 120 steps of noisy reports with memory
+    caps now and then; a row that is not the usual gives None and leaves the balancer as it was."""
+    from lbbsp.torch.report import CHECKSUM, MEASURED, REPORT, STATUS, Report, Reports
+    world, g = 4, np.random.default_rng(5)
+    fast, checked = (lbbsp.Balancer(name, world, 256, seed=1, num_exo=3, capacity_exo=lbbsp.RANK_CAPACITY_EXO)
+                     for _ in range(2))
+    sizes = fast.initial()
+    for step in range(120):
+        caps = g.integers(70, 200, world) * (g.random(world) < 0.2)
+        rows = np.stack([Report(int(n), n / (1000 * (r + 1)) * g.lognormal(0, 0.2) + 1e-3, list(g.random(3)),
+                                int(caps[r]), int(n), False, sizes).encode() for r, n in enumerate(sizes)])
+        for column, bad in ((STATUS, 1.0), (CHECKSUM, 1.0), (0, sizes[0] + 1.0), (MEASURED, -1.0)):
+            odd = rows.copy()
+            odd[1 if column != 0 else 0, column] = bad
+            assert fast.next_from_report_rows(odd, sizes) is None, (step, column)
+        assert fast.iteration == checked.iteration == step
+        reports = Reports(rows)
+        mem_cap = np.full(world, np.iinfo(np.int64).max, dtype=np.int64)
+        mem_cap[caps > 0] = caps[caps > 0]
+        want = checked.next_unchecked(reports.measured_batches.astype(np.int64), reports.compute_s, reports.exo,
+                                      reports.exo, mem_cap)
+        got = fast.next_from_report_rows(rows[:, :REPORT], sizes)
+        np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
+        sizes = got
+    assert fast.save_state() == checked.save_state()
 
 
 # ---- exactness: DDP + SUM hook == one process on the same global batches ----

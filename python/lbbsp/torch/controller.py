@@ -22,7 +22,7 @@ from .exchange import ReportExchange, group_ranks
 from .loss import LossScale
 from .memory import DeviceMemory
 from .monitor import ResourceMonitor
-from .report import EXO, Report, checksum, read_metrics
+from .report import EXO, Report, read_metrics
 from .sampler import BalancedBatchSampler, balanced_loader
 from .sizes import DecidedSizes, micro_split
 
@@ -280,7 +280,7 @@ class LoadBalancer:
             if measured_n >= 0:
                 self._measured_s = compute
             cap = self.memory.cap() if self.memory is not None else 0
-            return Report(n, compute, exo, cap, measured_n, False, checksum(self.sizes[k])).encode()
+            return Report(n, compute, exo, cap, measured_n, False, self.sizes[k]).encode()
         except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
             self._decisions.report_errors[k] = e  # kept until step k is decided (later with lag >= 1 or an all-gather)
             return Report.of_failure(n, self.sizes[k]).encode()

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from .exchange import group_ranks
-from .hooks import first_tensor, sum_allreduce_hook, then
+from .hooks import allreduce_sum, allreduce_sum_coalesced, first_tensor, sum_allreduce_hook, then
 from .loss import watch_rows
 
 if TYPE_CHECKING:
@@ -65,18 +65,17 @@ def _sum_and_report(lb: "LoadBalancer", me: "weakref.ref", process_group: Option
     k = lb.global_step
     lb.loss.check_scaled(k)
     tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
-    group = process_group if process_group is not None else dist.group.WORLD
     last = bucket.is_last() if hasattr(bucket, "is_last") else False
     sends = last and not lb.exchange.launched(k)
     ready = lb.clock.ready_marker() if last else None  # this rank's backward ends here (on CUDA read later)
     ready_s = time.perf_counter()
     # On CUDA the report takes the all-gather on the gloo group: no copies between host and device.
+    block = None
     if sends and not lb.clock.on_device and lb.exchange.can_piggyback(tensor):  # the report rides along
-        combined, gradients = lb.exchange.piggyback(lb.report(k, ready_s), tensor)
-        work = dist.all_reduce(combined, group=group, async_op=True)
+        block = lb.exchange.piggyback(lb.report(k, ready_s), tensor.dtype)
+        work = allreduce_sum_coalesced([tensor, block], process_group)
     else:
-        work = dist.all_reduce(tensor, group=group, async_op=True)
-        gradients = None
+        work = allreduce_sum(tensor, process_group)
         if sends:
             lb.send_report(k, ready_s, ready)
     # One callback per bucket: each costs the gloo thread a turn at the GIL.
@@ -88,8 +87,8 @@ def _sum_and_report(lb: "LoadBalancer", me: "weakref.ref", process_group: Option
         balancer = me()  # not lb: the gloo thread that drops this callback must never drop the last reference
         if balancer is not None:
             balancer.clock.left_barrier(sends, ready, ready_s)
-        return value[0] if gradients is None else gradients
+        return value[0]
     fut = then(work, done)
-    if gradients is not None:
-        lb.exchange.ride(k, work, combined, fut)
+    if block is not None:
+        lb.exchange.ride(k, work, block, fut)
     return fut

@@ -54,26 +54,38 @@ class Decisions:
         return waited
 
     def _apply(self, j: int, reports: Reports, lag: int) -> None:
-        """Checks step j's reports (every rank sees the same, so every rank raises alike) and decides j+lag+1.
-        Few NumPy calls: this runs every step, on every rank, where each costs microseconds."""
+        """Checks step j's reports (every rank sees the same, so every rank raises alike) and decides j+lag+1:
+        in one call to the extension where every report is the usual, else here, naming what is not."""
+        t = time.perf_counter()
+        decided = None if j in self.report_errors else self._decided(j, lag, self.balancer.next_from_report_rows,
+                                                                     reports.rows, self.sizes[j])
+        if decided is None:  # a report not the usual: checked here, naming what
+            decided = self._decide_checked(j, reports, lag)
+        self.sizes.decide(j + lag + 1, decided)
+        self._timing["decide_s"] += time.perf_counter() - t
+
+    def _decide_checked(self, j: int, reports: Reports, lag: int) -> np.ndarray:
+        """Step j+lag+1's sizes from step j's reports, each checked (raising on every rank alike)."""
         self._check(j, reports)
         caps, measured = reports.mem_caps, reports.measured_batches
         mem_cap = self._no_cap  # 0 reported: no cap
         if caps.any():
             mem_cap = mem_cap.copy()
             mem_cap[caps > 0] = caps[caps > 0]
-        t = time.perf_counter()
+        if (measured < 0).any():  # on CUDA the first window is read a step late: keep the sizes, capped
+            return self._keep_within(self.sizes[j + lag], mem_cap)
+        x = reports.exo
+        return self._decided(j, lag, self.balancer.next_unchecked, measured.astype(np.int64), reports.compute_s,
+                             x, x, mem_cap)
+
+    @staticmethod
+    def _decided(j: int, lag: int, decide: Any, *args: Any) -> Any:
+        """decide(*args), an error in it named with the step (the same on every rank: re-raised everywhere)."""
         try:
-            if (measured < 0).any():  # on CUDA the first window is read a step late: keep the sizes, capped
-                decided = self._keep_within(self.sizes[j + lag], mem_cap)
-            else:
-                x = reports.exo
-                decided = self.balancer.next_unchecked(measured.astype(np.int64), reports.compute_s, x, x, mem_cap)
-        except Exception as e:  # the same on every rank: name the step (re-raised)
+            return decide(*args)
+        except Exception as e:
             raise RuntimeError(f"LoadBalancer: step {j}: deciding the sizes of step {j + lag + 1} failed "
                                f"on every rank: {type(e).__name__}: {e}") from e
-        self.sizes.decide(j + lag + 1, decided)
-        self._timing["decide_s"] += time.perf_counter() - t
 
     def _check(self, j: int, reports: Reports) -> None:
         """Every rank's report built (else every rank raises, naming the rank), from the same decided sizes, and

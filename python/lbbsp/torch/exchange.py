@@ -75,7 +75,7 @@ class ReportExchange:
         self.ranks, self.rank, self.world = ranks, rank, len(ranks)
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.group, self.errors = control_groups(ranks, self.timeout)
-        # step -> (its collective, the all-gather's outputs or (the piggyback buffer, the future DDP waits for))
+        # step -> (its collective, the all-gather's outputs or (the report block, the future DDP waits for))
         self._flight: Dict[int, Tuple[dist.Work, Union[List[torch.Tensor], Tuple[torch.Tensor, _Future]]]] = {}
         # Taken collectives stay referenced a few steps: the gloo thread may still be finishing one after wait()
         # returned, and must not drop the last reference to its tensors (that needs the GIL).
@@ -84,7 +84,7 @@ class ReportExchange:
         self.broken = False  # a collective failed: reports still in flight will not arrive
         self.rides = self.gathers = 0  # steps whose reports rode in a gradient bucket / took the all-gather
         self.buffers_made = 0
-        self._spare: List[torch.Tensor] = []  # piggyback buffers not in flight
+        self._spare: List[torch.Tensor] = []  # report blocks not in flight
         _LIVE.add(self)
 
     def launch(self, step: int, report: np.ndarray) -> None:
@@ -93,38 +93,36 @@ class ReportExchange:
         self._flight[step] = (dist.all_gather(out, mine, group=self.group, async_op=True), out)
         self.gathers += 1
 
-    # A report rides in the last gradient bucket's own allreduce (appended as this rank's row of a world x
-    # (REPORT + 1) block, zeros elsewhere: the SUM gives every row) when the bucket is float32 or float64 and
-    # small enough that copying it costs less than another collective's round trip; else the all-gather above.
-    # The CRC travels as two 16-bit halves: float32 holds integers up to 2^24 exactly.
+    # A report rides in the last gradient bucket's own allreduce (a world x (REPORT + 1) block beside the bucket,
+    # this rank's row filled and zeros elsewhere: the SUM gives every row) when the bucket is float32 or float64 and
+    # small enough that gloo's copies of it (into one buffer and back) cost less than another collective's round
+    # trip; else the all-gather above. The checksum travels as two 16-bit halves: float32 holds integers to 2^24.
     PIGGYBACK_MAX_BYTES = 4 << 20
 
     def can_piggyback(self, bucket: torch.Tensor) -> bool:
         return bucket.dtype in (torch.float32, torch.float64) and \
             bucket.numel() * bucket.element_size() <= self.PIGGYBACK_MAX_BYTES
 
-    def piggyback(self, report: np.ndarray, bucket: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(the buffer to allreduce with SUM: the bucket with this rank's report appended, the bucket's part of
-        it); give the buffer to ride(step, ...), and take(step) reads the reports once the allreduce is done.
-        Buffers come back when taken and are reused: a new one each step (torch.cat) cost an allocation and its
-        page faults, 356 us a step for a 0.8 MB bucket against 126-153 us now (2 ranks, caches cold)."""
-        n = bucket.numel()
-        size = n + self.world * (REPORT + 1)
-        if self._spare and (self._spare[0].numel(), self._spare[0].dtype) != (size, bucket.dtype):
-            self._spare.clear()  # DDP rebuilt its buckets: another size
+    def piggyback(self, report: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        """The report block to allreduce (SUM) with the bucket, of the bucket's ``dtype`` (gloo's coalesced
+        allreduce takes one dtype); give it to ride(step, ...), and take(step) reads the reports once the
+        allreduce is done. Blocks come back when taken and are reused. The bucket itself is not copied here:
+        gloo's coalesced allreduce copies it in C++, where a copy into a larger tensor of our own cost 100-140
+        us of this thread's CPU a step in Python (2 ranks, a 0.1 MB bucket, caches cold)."""
+        if self._spare and self._spare[0].dtype != dtype:
+            self._spare.clear()
         if not self._spare:
-            self._spare.append(torch.empty(size, dtype=bucket.dtype))
+            self._spare.append(torch.empty(self.world, REPORT + 1, dtype=dtype))
             self.buffers_made += 1
-        buffer = self._spare.pop()
-        buffer[:n].copy_(bucket.reshape(-1))
-        write_row(buffer.numpy()[n:].reshape(self.world, REPORT + 1), self.rank, report)
-        return buffer, buffer[:n].view_as(bucket)
+        block = self._spare.pop()
+        write_row(block.numpy(), self.rank, report)
+        return block
 
-    def ride(self, step: int, work: dist.Work, buffer: torch.Tensor, done: torch.futures.Future) -> None:
-        """The step's reports travel in ``buffer``'s allreduce; ``done`` is the future DDP waits for (the
-        allreduce's, through the hook's callback): once it is done the reports are there to read, also while
+    def ride(self, step: int, work: dist.Work, block: torch.Tensor, done: torch.futures.Future) -> None:
+        """The step's reports travel in ``block``, reduced with the bucket; ``done`` is the future DDP waits for
+        (the allreduce's, through the hook's callback): once it is done the reports are there to read, also while
         gloo's thread still finishes the work itself (a wait() for that took 30-130 us in a step in five)."""
-        self._flight[step] = (work, (buffer, done))
+        self._flight[step] = (work, (block, done))
         self.rides += 1
 
     def launched(self, step: int) -> bool:
@@ -152,9 +150,9 @@ class ReportExchange:
             self.waited_s += time.perf_counter() - t0
         if isinstance(out, list):
             return torch.stack(out).numpy()
-        buffer = out[0]
-        reports = read_rows(buffer.numpy()[-self.world * (REPORT + 1):].reshape(self.world, REPORT + 1))
-        self._spare.append(buffer)  # read: free for a later step's piggyback
+        block = out[0]
+        reports = read_rows(block.numpy())
+        self._spare.append(block)  # read: free for a later step's piggyback
         return reports
 
     def drain(self, quiet: bool = False) -> None:

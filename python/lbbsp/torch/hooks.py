@@ -13,7 +13,7 @@ import collections
 import datetime
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -51,6 +51,36 @@ def wait_for_collectives(timeout_s: float) -> bool:
     return True
 
 
+def _sum_options() -> "dist.AllreduceOptions":
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    if hasattr(opts, "asyncOp"):  # PyTorch >= 2.7: what all_reduce(async_op=True) sets
+        opts.asyncOp = True
+    return opts
+
+
+def _coalesced_sum_options() -> "dist.AllreduceCoalescedOptions":
+    opts = dist.AllreduceCoalescedOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    return opts
+
+
+_SUM = _sum_options() if dist.is_available() else None
+_COALESCED_SUM = _coalesced_sum_options() if dist.is_available() else None
+
+
+def allreduce_sum(tensor: torch.Tensor, group: Optional[dist.ProcessGroup]) -> dist.Work:
+    """``dist.all_reduce(tensor, group=group, async_op=True)`` as the process group's own call, the way DDP's C++
+    hook makes it: the Python wrapper's checks cost 50-60 us of CPU a step with the caches cold, for a dense
+    tensor of ours that they never refuse."""
+    return (group if group is not None else dist.group.WORLD).allreduce([tensor], _SUM)
+
+
+def allreduce_sum_coalesced(tensors: List[torch.Tensor], group: Optional[dist.ProcessGroup]) -> dist.Work:
+    """The SUM of several tensors of one dtype in one collective, in place (gloo: one buffer, one allreduce)."""
+    return (group if group is not None else dist.group.WORLD).allreduce_coalesced(tensors, _COALESCED_SUM)
+
+
 def first_tensor(f: torch.futures.Future) -> torch.Tensor:
     """An allreduce future's tensor (its value is a list of one)."""
     return f.value()[0]
@@ -60,6 +90,4 @@ def sum_allreduce_hook(process_group: Optional[dist.ProcessGroup],
                        bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: the gradient SUM over ranks (DDP's default hook divides it by the world size)."""
     tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
-    group = process_group if process_group is not None else dist.group.WORLD
-    work = dist.all_reduce(tensor, group=group, async_op=True)
-    return then(work, first_tensor)
+    return then(allreduce_sum(tensor, process_group), first_tensor)

@@ -2,22 +2,25 @@
 is encoded into a float64 row (and into rows that ride in a gradient allreduce), and how the world's rows are read
 back, checked and named."""
 
-import zlib
+import math
 from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from .. import RANK_EXO
+from .. import RANK_EXO, _lbbsp
 
 EXO = len(RANK_EXO)  # cpu_avail, mem_avail, load: what the C++ runtime reports, in its order
-# The row: batch, compute seconds, exo..., memory cap, measured batch, status, checksum of the batch vector.
-REPORT = 2 + EXO + 4
-CAP, MEASURED, STATUS, CHECKSUM = 2 + EXO, 3 + EXO, REPORT - 2, REPORT - 1
+# The row: batch, compute seconds, exo..., memory cap, measured batch, status, checksum of the batch vector; laid
+# out, encoded, written into blocks, read back and decided from by the extension (python/torch_reports.cpp):
+# every step, on every rank, where each NumPy call costs microseconds.
+_COLUMN = _lbbsp.REPORT_LAYOUT
+REPORT = _COLUMN["width"]
+CAP, MEASURED, STATUS, CHECKSUM = (_COLUMN[c] for c in ("mem_cap", "measured_batch", "status", "checksum"))
 
 
 def checksum(sizes: np.ndarray) -> float:
-    """CRC-32 of a batch vector (exact in a float64 report)."""
-    return float(zlib.crc32(np.ascontiguousarray(sizes, dtype=np.int64).tobytes()))
+    """The 32-bit checksum (FNV-1a) of a batch vector that each report carries (exact in a float64 report)."""
+    return _lbbsp.sizes_checksum(np.ascontiguousarray(sizes, dtype=np.int64))
 
 
 class Report(NamedTuple):
@@ -26,7 +29,7 @@ class Report(NamedTuple):
     batch: the rank's batch size in the step (whole number); compute_s: the seconds of the window measured, over
     ``measured_batch`` samples (the step's batch, or on CUDA the previous step's; -1: no window measured yet);
     exo: the monitor's [cpu_avail, mem_avail, load]; mem_cap: most samples the rank can hold (0: no cap); failed:
-    building the report raised on this rank; sizes_checksum: CRC-32 of the batch vector the rank used."""
+    building the report raised on this rank; sizes: the batch vector the rank used (int64: its checksum travels)."""
 
     batch: int
     compute_s: float
@@ -34,18 +37,16 @@ class Report(NamedTuple):
     mem_cap: int
     measured_batch: int
     failed: bool
-    sizes_checksum: float
+    sizes: np.ndarray
 
     @classmethod
     def of_failure(cls, batch: int, sizes: np.ndarray) -> "Report":
         """The report of a rank whose report could not be built (its message travels on its own)."""
-        return cls(batch, 0.0, [0.0] * EXO, 0, 0, True, checksum(sizes))
+        return cls(batch, 0.0, [0.0] * EXO, 0, 0, True, sizes)
 
     def encode(self) -> np.ndarray:
         """The float64 row that travels (whole numbers are exact in it)."""
-        row = [float(self.batch), self.compute_s, *self.exo, float(self.mem_cap), float(self.measured_batch),
-               1.0 if self.failed else 0.0, self.sizes_checksum]
-        return np.array(row, dtype=np.float64)
+        return _lbbsp.encode_report(*self)
 
 
 class Reports:
@@ -86,20 +87,15 @@ class Reports:
 
 def write_row(rows: np.ndarray, rank: int, report: np.ndarray) -> None:
     """Fills a world x (REPORT + 1) float32 or float64 block with ``report`` in row ``rank`` and zeros elsewhere,
-    the CRC as two 16-bit halves (exact in float32); summed over the ranks it holds every report (read_rows).
-    NumPy on a view of the block: this runs every step, and a tiny torch op costs about ten times a NumPy one."""
-    rows.fill(0)
-    crc = int(report[CHECKSUM])
-    rows[rank, :CHECKSUM] = report[:CHECKSUM]
-    rows[rank, CHECKSUM], rows[rank, CHECKSUM + 1] = crc >> 16, crc & 0xFFFF
+    the checksum as two 16-bit halves (exact in float32); summed over the ranks it holds every report
+    (read_rows)."""
+    _lbbsp.write_report_block(rows, rank, report)
 
 
 def read_rows(rows: np.ndarray) -> np.ndarray:
-    """The world x REPORT float64 reports of a block that write_row filled on each rank, summed over the ranks."""
-    r = np.array(rows, dtype=np.float64)  # a copy: the block may be reused
-    out = r[:, :REPORT]
-    out[:, CHECKSUM] = r[:, CHECKSUM] * 65536 + r[:, CHECKSUM + 1]
-    return out
+    """The world x REPORT float64 reports of a block that write_row filled on each rank, summed over the ranks (a
+    copy: the block is reused)."""
+    return _lbbsp.read_report_block(rows)
 
 
 def disagreement(step: int, sums: np.ndarray, ranks: Sequence[int]) -> Optional[str]:
@@ -121,6 +117,6 @@ def disagreement(step: int, sums: np.ndarray, ranks: Sequence[int]) -> Optional[
 def read_metrics(monitor) -> List[float]:
     """The monitor's [cpu_avail, mem_avail, load] as floats, checked."""
     m = [float(v) for v in monitor()]
-    if len(m) != EXO or not all(np.isfinite(m)):
+    if len(m) != EXO or not all(map(math.isfinite, m)):  # not NumPy: a list to an array costs 20-40 us cold
         raise ValueError(f"LoadBalancer: monitor must return [cpu_avail, mem_avail, load], got {m}")
     return m
