@@ -78,16 +78,17 @@ class Runner:
             if do_profile:
                 profile(self.lb, self.spent)
         self.equal = np.full(world, tc.X // world, dtype=np.int64)
-        self.wall, self.cpu = [], []
+        self.wall, self.cpu, self.perm = [], [], (-1, None)
 
     def step(self, k):
         epoch, step = divmod(k, tc.STEPS_PER_EPOCH)
         t, c = time.perf_counter(), time.process_time()
         if self.lb is not None:
             idx = self.lb.indices(epoch, step)
-        else:
-            idx = lbbsp.rank_indices(lbbsp.epoch_permutation(len(self.x), 1, epoch), step, self.equal,
-                                     dist.get_rank())
+        else:  # the same cut of the same order, the epoch's permutation made once as the LoadBalancer does
+            if self.perm[0] != epoch:
+                self.perm = (epoch, lbbsp.epoch_permutation(len(self.x), 1, epoch))
+            idx = lbbsp._lbbsp.rank_indices(self.perm[1], step, self.equal, dist.get_rank())  # as lb.indices
         idx = torch.from_numpy(idx)
         loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
         if self.lb is not None:

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 import lbbsp
 
+from .. import _lbbsp
 from . import ddp, fsdp
 from ._util import positive_int, uncompiled
 from .checks import STATE_VERSION, check_model, check_same_everywhere, check_state, timeout
@@ -219,7 +220,8 @@ class LoadBalancer:
                           "(where PyTorch's SyncBatchNorm does not run) GroupNorm or LayerNorm, or a min_batch that "
                           "every rank's statistics can live with.")
             self._warned_bn = True
-        return lbbsp.rank_indices(self.permutation(epoch), step, sizes, self.rank)
+        # the extension's own call: the permutation and sizes are int64 already, the checks cost ~40 us a step
+        return _lbbsp.rank_indices(self.permutation(epoch), step, sizes, self.rank)
 
     def scale(self, loss: torch.Tensor, reduction: str = "mean", count: Optional[int] = None) -> torch.Tensor:
         """This rank's share of the global batch's loss, for the SUM of gradients over ranks.
