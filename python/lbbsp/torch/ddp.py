@@ -70,13 +70,18 @@ def _sum_and_report(lb: "LoadBalancer", me: "weakref.ref", process_group: Option
     ready = lb.clock.ready_marker() if last else None  # this rank's backward ends here (on CUDA read later)
     ready_s = time.perf_counter()
     # On CUDA the report takes the all-gather on the gloo group: no copies between host and device.
-    block = None
+    block = work = None
     if sends and not lb.clock.on_device and lb.exchange.can_piggyback(tensor):  # the report rides along
-        block = lb.exchange.piggyback(lb.report(k, ready_s), tensor.dtype)
+        report = lb.report(k, ready_s)
+        block = lb.exchange.piggyback(report, tensor.dtype)
         work = allreduce_sum_coalesced([tensor, block], process_group)
-    else:
+        if work is None:  # the backend has no coalesced allreduce: the reports take the all-gather from now on
+            lb.exchange.no_piggyback(block)
+            block = None
+            lb.exchange.launch(k, report)
+    if work is None:
         work = allreduce_sum(tensor, process_group)
-        if sends:
+        if sends and not lb.exchange.launched(k):
             lb.send_report(k, ready_s, ready)
     # One callback per bucket: each costs the gloo thread a turn at the GIL.
     if not last:

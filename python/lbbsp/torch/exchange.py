@@ -84,6 +84,7 @@ class ReportExchange:
         self.broken = False  # a collective failed: reports still in flight will not arrive
         self.rides = self.gathers = 0  # steps whose reports rode in a gradient bucket / took the all-gather
         self.buffers_made = 0
+        self.piggybacks = True  # False once the gradients' backend refused a coalesced allreduce
         self._spare: List[torch.Tensor] = []  # report blocks not in flight
         _LIVE.add(self)
 
@@ -100,8 +101,13 @@ class ReportExchange:
     PIGGYBACK_MAX_BYTES = 4 << 20
 
     def can_piggyback(self, bucket: torch.Tensor) -> bool:
-        return bucket.dtype in (torch.float32, torch.float64) and \
+        return self.piggybacks and bucket.dtype in (torch.float32, torch.float64) and \
             bucket.numel() * bucket.element_size() <= self.PIGGYBACK_MAX_BYTES
+
+    def no_piggyback(self, block: torch.Tensor) -> None:
+        """The gradients' backend refused the coalesced allreduce: the reports take the all-gather from now on."""
+        self.piggybacks = False
+        self._spare.append(block)
 
     def piggyback(self, report: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         """The report block to allreduce (SUM) with the bucket, of the bucket's ``dtype`` (gloo's coalesced

@@ -76,9 +76,14 @@ def allreduce_sum(tensor: torch.Tensor, group: Optional[dist.ProcessGroup]) -> d
     return (group if group is not None else dist.group.WORLD).allreduce([tensor], _SUM)
 
 
-def allreduce_sum_coalesced(tensors: List[torch.Tensor], group: Optional[dist.ProcessGroup]) -> dist.Work:
-    """The SUM of several tensors of one dtype in one collective, in place (gloo: one buffer, one allreduce)."""
-    return (group if group is not None else dist.group.WORLD).allreduce_coalesced(tensors, _COALESCED_SUM)
+def allreduce_sum_coalesced(tensors: List[torch.Tensor], group: Optional[dist.ProcessGroup]) -> Optional[dist.Work]:
+    """The SUM of several tensors of one dtype in one collective, in place (gloo: one buffer, one allreduce); None
+    where the backend refuses it (one without a coalesced allreduce raises before anything is sent; any other
+    error the caller's plain allreduce meets again)."""
+    try:
+        return (group if group is not None else dist.group.WORLD).allreduce_coalesced(tensors, _COALESCED_SUM)
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def first_tensor(f: torch.futures.Future) -> torch.Tensor:
