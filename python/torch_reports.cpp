@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/hash.hpp"
 #include "lbbsp/core.hpp"
 #include "python/numpy_out.hpp"
 
@@ -48,15 +49,13 @@ F64Out owned_f64(std::vector<double> v, std::initializer_list<size_t> shape) {
   return F64Out(owned->data(), shape.size(), shape.begin(), free_it);
 }
 
-// A 32-bit FNV-1a hash of a batch vector's int64 bytes: the checksum every report carries, exact in float64
-// and, as two 16-bit halves, in float32. Ranks that used different vectors show as different checksums (a
-// chance of 2^-32 that two differ and hash alike); a hash, not zlib's CRC, keeps the wheel free of zlib's
-// headers.
+// The checksum every report carries: FNV-1a (common/hash.hpp) of the batch vector's int64 bytes, folded to 32
+// bits, exact in float64 and, as two 16-bit halves, in float32. Ranks that used different vectors show
+// different checksums (two vectors hash alike by a chance of 2^-32); a hash of our own keeps the wheel free
+// of zlib.
 double sizes_checksum(const Sizes& sizes) {
-  uint32_t h = 2166136261u;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(sizes.data());
-  for (size_t i = 0; i < sizes.shape(0) * sizeof(int64_t); ++i) h = (h ^ bytes[i]) * 16777619u;
-  return static_cast<double>(h);
+  const uint64_t h = fnv1a64(sizes.data(), sizes.shape(0) * sizeof(int64_t));
+  return static_cast<double>(static_cast<uint32_t>(h ^ (h >> 32)));
 }
 
 F64Out encode_report(int64_t batch, double compute_s, const std::vector<double>& exo, int64_t mem_cap,
@@ -150,7 +149,7 @@ void bind_torch_reports(nb::module_& m) {
   m.def("encode_report", &encode_report, "batch"_a, "compute_s"_a, "exo"_a, "mem_cap"_a, "measured_batch"_a,
         "failed"_a, "sizes"_a, "A rank's report row (float64), the checksum of `sizes` in its column.");
   m.def("sizes_checksum", &sizes_checksum, "sizes"_a,
-        "The 32-bit checksum of an int64 batch vector (FNV-1a).");
+        "The 32-bit checksum of an int64 batch vector (FNV-1a, folded).");
   m.def("write_report_block", &write_block<float>, "block"_a, "rank"_a, "row"_a);
   m.def("write_report_block", &write_block<double>, "block"_a, "rank"_a, "row"_a,
         "Zeros the world x (width + 1) block and writes `row` in row `rank`, the checksum as two 16-bit "

@@ -212,12 +212,6 @@ std::vector<std::string> optimizer_changes(const OptimizerRecord& was, const Opt
   return out;
 }
 
-uint64_t fnv1a64(const void* data, size_t n, uint64_t h) {
-  auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
-  return h;
-}
-
 std::string write_checkpoint(const std::string& dir, const CheckpointIdentity& id, const TrainState& st,
                              int keep) {
   h5::quiet_errors();

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "common/hash.hpp"
+
 namespace lbbsp::runtime {
 
 // What a checkpoint must match to be resumed (anything else would silently train something different).
@@ -64,8 +66,7 @@ struct CheckpointCorrupt : std::runtime_error {
 
 constexpr int kCheckpointFormatVersion = 1;
 
-// FNV-1a (64-bit), continued from `h`.
-uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL);
+using lbbsp::fnv1a64;  // common/hash.hpp: the checksum over every byte of state
 
 // Writes DIR/ckpt-<iteration>.h5 atomically and deletes all but the newest `keep`. Throws on I/O errors (a
 // failed write leaves no partial ckpt-*.h5 behind: only a temp file that is removed).
