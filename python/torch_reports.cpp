@@ -9,9 +9,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
-
 #include <cstdint>
-#include <limits>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -40,15 +38,6 @@ using Sizes = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::
 using Row = nb::ndarray<const double, nb::shape<kWidth>, nb::c_contig, nb::device::cpu>;
 template <typename T>
 using Block = nb::ndarray<T, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
-using F64Out = nb::ndarray<nb::numpy, double>;
-
-// A NumPy float64 array of `shape` that owns `v`.
-F64Out owned_f64(std::vector<double> v, std::initializer_list<size_t> shape) {
-  auto* owned = new std::vector<double>(std::move(v));
-  nb::capsule free_it(owned, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
-  return F64Out(owned->data(), shape.size(), shape.begin(), free_it);
-}
-
 // The checksum every report carries: FNV-1a (common/hash.hpp) of the batch vector's int64 bytes, folded to 32
 // bits, exact in float64 and, as two 16-bit halves, in float32. Ranks that used different vectors show
 // different checksums (two vectors hash alike by a chance of 2^-32); a hash of our own keeps the wheel free
@@ -70,7 +59,7 @@ F64Out encode_report(int64_t batch, double compute_s, const std::vector<double>&
   row[kMeasured] = static_cast<double>(measured_batch);
   row[kStatus] = failed ? 1.0 : 0.0;
   row[kChecksum] = sizes_checksum(sizes);
-  return owned_f64(std::move(row), {kWidth});
+  return owned(std::move(row), {kWidth});
 }
 
 // A world x (kWidth + 1) block: zeros, and `row` in row `rank` with its checksum as two 16-bit halves (exact
@@ -100,7 +89,7 @@ F64Out read_block(Block<const T> block) {
     for (size_t c = 0; c < kChecksum; ++c) out[c] = static_cast<double>(in[c]);
     out[kChecksum] = static_cast<double>(in[kChecksum]) * 65536.0 + static_cast<double>(in[kChecksum + 1]);
   }
-  return owned_f64(std::move(rows), {world, kWidth});
+  return owned(std::move(rows), {world, kWidth});
 }
 
 // Whether every row is a built report (status 0) of the batch `expected` gives it, all of one batch vector
