@@ -3,15 +3,16 @@
 
     python3 bench/torch_step_cost.py [--rounds 3] [--steps 300] [--profile]
 
-The co-tenant benchmark's CNN (bench/torch_cotenant.py), global batch 128, no co-tenant. In each round the same
-two processes hold three DDP models and take their steps in turn (a step of each, then again), so that the machine's
+The co-tenant benchmark's CNN (bench/torch_cotenant.py), global batch 128, no co-tenant. In each round the same two
+processes hold three DDP models and take their steps in turn (a step of each, then again), so that the machine's
 drift, which moves a whole run's mean step by 2-4% between runs here, falls on all three alike: plain DDP (its own
 C++ hook, the equal split), DDP + lbbsp with `--balancer bsp` (the equal split kept: the control plane alone) and
-DDP + lbbsp with lbbsp-cpu (the default, deciding each step). The other models' steps run in lb.untimed(), outside
-each LoadBalancer's windows. Per runner: the mean step (wall, from its data to the end of lb.step()) and CPU a step
-(process time of the rank, gloo's threads included), steps after the first 50, and the difference to plain DDP's;
-medians over rounds. --profile: rank 0's CPU (this thread's) in each lbbsp.torch function of the per-step path
-(lbbsp-cpu alone), in us a step, from wrappers around them (a few us each): where the cost is.
+DDP + lbbsp with lbbsp-cpu (the default, deciding each step), in an order rotated each step (the first to run after
+another model's step may meet colder caches, so none always goes first). The other models' steps run in
+lb.untimed(), outside each LoadBalancer's windows. Per runner: the mean step (wall, from its data to the end of
+lb.step()) and CPU a step (process time of the rank, gloo's threads included), steps after the first 50, and the
+difference to plain DDP's; medians over rounds. --profile: rank 0's CPU (this thread's) in each lbbsp.torch function
+of the per-step path (lbbsp-cpu alone), in us a step, from wrappers around them (a few us each): where the cost is.
 """
 import argparse
 import collections
@@ -113,7 +114,7 @@ def rank_main(rank, world, port, names, steps, do_profile, out):
         if k == WARMUP:
             for r in runners:
                 r.spent.clear()
-        for r in runners:
+        for r in runners[k % len(runners):] + runners[:k % len(runners)]:  # rotated: the first pays the cold data
             with contextlib.ExitStack() as others_untimed:
                 for other in runners:
                     if other is not r and other.lb is not None:
