@@ -114,7 +114,7 @@ def rank_main(rank, world, port, names, steps, do_profile, out):
         if k == WARMUP:
             for r in runners:
                 r.spent.clear()
-        for r in runners[k % len(runners):] + runners[:k % len(runners)]:  # rotated: the first pays the cold data
+        for r in runners[k % len(runners):] + runners[:k % len(runners)]:  # rotated: none always runs first
             with contextlib.ExitStack() as others_untimed:
                 for other in runners:
                     if other is not r and other.lb is not None:
@@ -162,9 +162,15 @@ def main():
               flush=True)
     print(f"\n{a.rounds} rounds of {a.steps} steps of each runner, in turn (the first {WARMUP} left out), 2 ranks "
           f"pinned, global batch {tc.X}; medians over rounds (over plain: the median of the rounds' differences)")
+    print_over_plain(rounds, RUNNERS)
+
+
+def print_over_plain(rounds, names):
+    """The Markdown table of each runner's step and CPU a step against "plain"'s, from rounds of
+    {name: {"step_s": wall, "cpu_s": CPU}} (medians over rounds, the differences' range)."""
     print("| runner | step, ms | over plain, us (rounds' range) | CPU a step per rank, ms | over plain, us |")
     print("|---|---:|---:|---:|---:|")
-    for n in RUNNERS:
+    for n in names:
         step, cpu = (np.array([g[n][key] for g in rounds]) for key in ("step_s", "cpu_s"))
         ds, dc = (1e6 * (v - [g["plain"][key] for g in rounds]) for v, key in ((step, "step_s"), (cpu, "cpu_s")))
         print(f"| {n} | {1e3 * np.median(step):.2f} | {np.median(ds):+.0f} ({ds.min():+.0f} to {ds.max():+.0f}) | "

@@ -29,6 +29,7 @@ from torch.utils.cpp_extension import load_inline
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import torch_cotenant as tc
+from torch_step_cost import print_over_plain
 
 import lbbsp
 from lbbsp.torch import sum_allreduce_hook
@@ -92,7 +93,7 @@ def rank_main(rank, world, port, steps, out):
         if perm[0] != epoch:
             perm = (epoch, lbbsp.epoch_permutation(len(x), 1, epoch))
         idx = torch.from_numpy(lbbsp.rank_indices(perm[1], step, equal, rank))
-        for name in RUNNERS[k % 3:] + RUNNERS[:k % 3]:  # rotated: the first after the data pays its cache misses
+        for name in RUNNERS[k % len(RUNNERS):] + RUNNERS[:k % len(RUNNERS)]:  # rotated: none always runs first
             model, opt = runners[name]
             t, c = time.perf_counter(), time.process_time()
             loss = F.cross_entropy(model(x[idx]), y[idx], reduction="mean" if name == "plain" else "sum")
@@ -122,17 +123,12 @@ def main():
         out = os.path.join(d, "r.pt")
         for r in range(a.rounds):
             mp.spawn(rank_main, args=(2, tc.free_port(), a.steps, out), nprocs=2)
-            got = torch.load(out)  # ranks x runners x (wall, cpu)
-            rounds.append((got[:, :, 0].max(dim=0).values.numpy(), got[:, :, 1].mean(dim=0).numpy()))
-            print(f"round {r + 1}: " + ", ".join(f"{n} {1e3 * rounds[-1][0][i]:.2f} ms" for i, n in
-                                                 enumerate(RUNNERS)), flush=True)
-    wall, cpu = (np.array([g[j] for g in rounds]) for j in (0, 1))
-    print("| runner | step, ms | over plain, us (rounds' range) | CPU a step per rank, ms | over plain, us |")
-    print("|---|---:|---:|---:|---:|")
-    for i, n in enumerate(RUNNERS):
-        dw, dc = 1e6 * (wall[:, i] - wall[:, 0]), 1e6 * (cpu[:, i] - cpu[:, 0])
-        print(f"| {n} | {1e3 * np.median(wall[:, i]):.2f} | {np.median(dw):+.0f} ({dw.min():+.0f} to {dw.max():+.0f})"
-              f" | {1e3 * np.median(cpu[:, i]):.2f} | {np.median(dc):+.0f} ({dc.min():+.0f} to {dc.max():+.0f}) |")
+            got = torch.load(out)  # ranks x runners x (wall, cpu): the slower rank's wall, the ranks' mean CPU
+            wall, cpu = got[:, :, 0].max(dim=0).values.tolist(), got[:, :, 1].mean(dim=0).tolist()
+            rounds.append({n: {"step_s": wall[i], "cpu_s": cpu[i]} for i, n in enumerate(RUNNERS)})
+            print(f"round {r + 1}: " + ", ".join(f"{n} {1e3 * rounds[-1][n]['step_s']:.2f} ms" for n in RUNNERS),
+                  flush=True)
+    print_over_plain(rounds, RUNNERS)
 
 
 if __name__ == "__main__":
