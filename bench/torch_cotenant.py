@@ -17,6 +17,8 @@ Runners, each a fresh pair of ranks under the same co-tenant, in rotating order 
     plain      DDP, equal split, DDP's own averaging hook (the baseline)
     lbbsp      DDP + lbbsp.torch.LoadBalancer (--balancer, --predictor)
     lbbsp-b    the same with --balancer-b (not run unless named in --runners: an A/B of two balancer specs)
+    lbbsp-python  lbbsp on lbbsp.torch's Python per-step path (LBBSP_TORCH_NATIVE=0; lbbsp runs the C++ one where
+               it builds): not run unless named in --runners
     omnilearn  OmniLearn's controller (TPDS 2025) as its paper gives it: every 20 steps each worker moves its batch
                by -(b/t)(t - mean t), 5% dead band; gradients summed (benchmark code, not the product)
     naive      what a user would write: sizes proportional to the measured speeds (samples/s), smoothed (EMA 0.5),
@@ -148,8 +150,9 @@ def rank_main(rank, world, port, runner, a, out):
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     lb = ctrl = None
     clock = ComputeClock(ddp.module)
-    if runner in ("lbbsp", "lbbsp-b"):
-        spec = a.balancer if runner == "lbbsp" else a.balancer_b
+    if runner in ("lbbsp", "lbbsp-b", "lbbsp-python"):
+        spec = a.balancer_b if runner == "lbbsp-b" else a.balancer
+        os.environ["LBBSP_TORCH_NATIVE"] = "0" if runner == "lbbsp-python" else "auto"
         lb = LoadBalancer(ddp, dataset_size=len(x), global_batch=X, balancer=spec, predictor=a.predictor)
     elif runner != "plain":
         ddp.register_comm_hook(None, sum_allreduce_hook)

@@ -39,7 +39,9 @@ import lbbsp.torch.controller as controller
 import lbbsp.torch.ddp as ddp_hook
 from lbbsp.torch import LoadBalancer
 
-RUNNERS = {"plain": None, "lbbsp-bsp": "bsp", "lbbsp": "lbbsp-cpu"}
+# name: (balancer, lbbsp.torch's per-step path: "auto" its C++ one where it builds, "0" the Python one)
+RUNNERS = {"plain": None, "lbbsp-bsp": ("bsp", "auto"), "lbbsp": ("lbbsp-cpu", "auto"),
+           "lbbsp-python": ("lbbsp-cpu", "0")}
 WARMUP = 50
 
 
@@ -75,7 +77,9 @@ class Runner:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.lb, self.spent = None, collections.defaultdict(float)
         if RUNNERS[name]:
-            self.lb = LoadBalancer(self.model, dataset_size=len(x), global_batch=tc.X, balancer=RUNNERS[name])
+            balancer, path = RUNNERS[name]
+            os.environ["LBBSP_TORCH_NATIVE"] = path  # read when the LoadBalancer is built
+            self.lb = LoadBalancer(self.model, dataset_size=len(x), global_batch=tc.X, balancer=balancer)
             if do_profile:
                 profile(self.lb, self.spent)
         self.equal = np.full(world, tc.X // world, dtype=np.int64)

@@ -4,10 +4,12 @@
 // ValueError).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -153,14 +155,32 @@ void bind_names(nb::module_& m) {
   m.attr("RANK_CAPACITY_EXO") = lb::kRankCapacityExo;
 }
 
+// The monitor as a C function for lbbsp.torch's C++ step path (lbbsp/torch/native_step.cpp, another
+// extension): fills [cpu_avail, mem_avail, load] in RANK_EXO's order; 0 on success.
+int sample_monitor(void* monitor, double* out) noexcept {
+  try {
+    const auto s = static_cast<lbbsp::runtime::ResourceMonitor*>(monitor)->sample();
+    out[0] = s.cpu_avail, out[1] = s.mem_avail, out[2] = s.load;
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
 // The runtime's /proc monitor (runtime/monitor.cpp), so that lbbsp.torch measures exactly as `lbbsp train`.
 void bind_monitor(nb::module_& m) {
   using lbbsp::runtime::ResourceMonitor;
   nb::class_<ResourceMonitor>(m, "ResourceMonitor")
       .def(nb::init<>())
-      .def("sample", [](ResourceMonitor& monitor) {
-        const auto s = monitor.sample();
-        return std::vector<double>{s.cpu_avail, s.mem_avail, s.load};  // in RANK_EXO's order
+      .def("sample",
+           [](ResourceMonitor& monitor) {
+             const auto s = monitor.sample();
+             return std::vector<double>{s.cpu_avail, s.mem_avail, s.load};  // in RANK_EXO's order
+           })
+      // (sample_monitor's address, this monitor's): for a C++ caller that holds this object alive meanwhile
+      .def("c_sampler", [](ResourceMonitor& monitor) {
+        return std::pair<uintptr_t, uintptr_t>{reinterpret_cast<uintptr_t>(&sample_monitor),
+                                               reinterpret_cast<uintptr_t>(&monitor)};
       });
 }
 

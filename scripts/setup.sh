@@ -30,7 +30,7 @@ build_packages=(
 packages=("${build_packages[@]}"
   git ca-certificates hdf5-tools hwloc libgmock-dev googletest
   dataset-fashion-mnist python3 python3-numpy python3-h5py python3-statsmodels python3-matplotlib stress-ng
-  python3-venv python3-pytest python3-pytest-xdist python3-torch
+  python3-venv python3-pytest python3-pytest-xdist python3-torch ninja-build
   slurm-wlm munge iproute2
   clang libclang-rt-dev clang-format universal-ctags qemu-user
 )

@@ -42,6 +42,10 @@ if [[ -z $wheel ]]; then
 fi
 "$VENV/bin/pip" install -q --force-reinstall --no-deps "$wheel"
 cd "$SCRATCH"
+# lbbsp.torch's C++ step path, built here once (~30 s, cached) rather than inside the first test's ranks: the tests
+# of the DDP path run on it and check that they did.
+LBBSP_TORCH_NATIVE=1 "$VENV/bin/python" -c "from lbbsp.torch import native; native.extension()" ||
+  { echo "FAIL: lbbsp.torch's C++ step path did not build (needs g++ and ninja: scripts/setup.sh)" >&2; exit 1; }
 # One test per core at a time (pytest-xdist): most of a test's time is its ranks starting and waiting on each
 # other, and none races the clock (docs/testing.md).
 # Every tests/python/test_*.py but the core's (test_package.py, test_replay.py: python.package runs them), by its

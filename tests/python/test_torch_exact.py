@@ -98,8 +98,9 @@ def test_decision_from_report_rows_equals_the_checked_one(name):
 
 
 def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, lag=0, compile_backend=None,
-                  ddp_options=None):
+                  ddp_options=None, path="auto"):
     init(rank, world, store)
+    os.environ["LBBSP_TORCH_NATIVE"] = path  # "0": the Python hook, the C++ path's reference
     if not piggyback:  # the reports in the control group's all-gather, as for a large or half-precision bucket
         lbbsp.torch.exchange.ReportExchange.PIGGYBACK_MAX_BYTES = 0
     if piggyback == "refused":  # a backend without a coalesced allreduce (PyTorch's error, raised at the call)
@@ -125,32 +126,40 @@ def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, 
     params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
     np.save(os.path.join(out, f"exact-{world}-{rank}.npy"), params)
     # Which way the reports travelled, and how many piggyback buffers that took (reused once read).
-    paths = {"rides": lb.exchange.rides, "gathers": lb.exchange.gathers, "buffers": lb.exchange.buffers_made}
+    paths = {"rides": lb.exchange.rides, "gathers": lb.exchange.gathers, "buffers": lb.exchange.buffers_made,
+             "native": lb.native is not None}
     if compile_backend is not None:  # frames dynamo compiled (else the model ran eagerly and proved nothing)
         paths["compiled"] = torch._dynamo.utils.counters["frames"]["ok"]
     write_pickle(os.path.join(out, f"sizes-{world}-{rank}.pkl"), (sizes, paths))
     finish()
 
 
-@pytest.mark.parametrize("world, piggyback, lag", [(2, True, 0), (3, True, 0), (4, True, 0), (16, True, 0),
-                                                   (3, False, 0), (3, True, 2), (3, "refused", 0)])
-def test_exact_against_one_process(tmp_path, world, piggyback, lag):
+def native_expected(path="auto"):
+    """Whether the DDP tests run lbbsp.torch's C++ step path: on PyTorch 2.x unless turned off (run_torch2_tests.sh
+    builds it first, so a build that fails fails there, not here as a silent fall-back)."""
+    return path != "0" and int(torch.__version__.split(".")[0]) >= 2
+
+
+@pytest.mark.parametrize("world, piggyback, lag, path", [
+    (2, True, 0, "auto"), (3, True, 0, "auto"), (4, True, 0, "auto"), (16, True, 0, "auto"), (3, False, 0, "auto"),
+    (3, True, 2, "auto"), (3, True, 0, "0"), (3, False, 0, "0"), (3, True, 2, "0"), (3, "refused", 0, "0")])
+def test_exact_against_one_process(tmp_path, world, piggyback, lag, path):
     """Every rank's parameters equal one process's, the sizes agree; with lag 2 too (reports taken as they
     arrive, the decision two steps ahead), and where the backend refuses the coalesced allreduce that the reports
-    ride in (they take the all-gather from the first step on)."""
+    ride in (they take the all-gather from the first step on); on the C++ step path and on the Python one."""
     steps, X = 20, 24  # 10 steps per epoch: two epochs
-    spawn(_exact_worker, world, tmp_path, steps, X, piggyback, lag)
+    spawn(_exact_worker, world, tmp_path, steps, X, piggyback, lag, None, None, path)
     ref = one_process(steps, X)
     got = [read_pickle(tmp_path / f"sizes-{world}-{r}.pkl") for r in range(world)]
     sizes, paths = [g[0] for g in got], [g[1] for g in got]
+    assert all(p["native"] == native_expected(path) for p in paths), paths
     # Every step's reports went the way asked: a silent fall-back to the all-gather would cost a collective.
     rides = piggyback is True
     want = {"rides": steps, "gathers": 0} if rides else {"rides": 0, "gathers": steps}
     assert all({k: p[k] for k in want} == want for p in paths), paths
     # The report block is reused, not made each step (with DDP a ride has arrived when backward() returns, so
     # step() reads it and frees its block); refused, the one block made is not tried again.
-    most = {True: 1, False: 0, "refused": 1}[piggyback]
-    assert all(p["buffers"] <= most for p in paths), paths
+    assert all(p["buffers"] <= 1 for p in paths), paths
     assert all(s == sizes[0] for s in sizes), "ranks disagree on the batch sizes"
     flat = np.array(sizes[0])
     assert (flat.sum(axis=1) == X).all()
@@ -167,7 +176,8 @@ def test_ddp_options_keep_exactness(tmp_path, options):
     a bucket per parameter): the hook sees every bucket, the report rides in the last one, exact."""
     spawn(_exact_worker, 3, tmp_path, 20, 24, True, 0, None, options)
     got = [read_pickle(tmp_path / f"sizes-3-{r}.pkl") for r in range(3)]
-    assert all(g[1]["rides"] == 20 and g[1]["gathers"] == 0 for g in got), [g[1] for g in got]
+    assert all(g[1]["rides"] == 20 and g[1]["gathers"] == 0 and g[1]["native"] == native_expected()
+               for g in got), [g[1] for g in got]
     assert all(g[0] == got[0][0] for g in got), "ranks disagree on the batch sizes"
     assert_equal_to_one_process(one_process(20, 24), [tmp_path / f"exact-3-{r}.npy" for r in range(3)])
 

@@ -68,7 +68,10 @@ class HostClock(StepClock):
         try:
             yield
         finally:
-            self._untimed_s += time.perf_counter() - t0
+            self.add_untimed(time.perf_counter() - t0)
+
+    def add_untimed(self, seconds: float) -> None:
+        self._untimed_s += seconds
 
     def left_barrier(self, sends: bool, ready: Any, ready_s: float) -> None:
         """This rank left the gradient allreduce (in the thread that completed it)."""

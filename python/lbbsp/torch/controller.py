@@ -14,7 +14,7 @@ import torch.distributed as dist
 import lbbsp
 
 from .. import _lbbsp
-from . import ddp, fsdp
+from . import ddp, fsdp, native
 from ._util import positive_int, uncompiled
 from .checks import STATE_VERSION, check_model, check_same_everywhere, check_state, timeout
 from .clock import DeviceClock, HostClock
@@ -23,7 +23,8 @@ from .exchange import ReportExchange, group_ranks
 from .loss import LossScale
 from .memory import DeviceMemory
 from .monitor import ResourceMonitor
-from .report import EXO, Report, read_metrics
+from .native import NativeClock
+from .report import EXO, Report, checksum, read_metrics
 from .sampler import BalancedBatchSampler, balanced_loader
 from .sizes import DecidedSizes, micro_split
 
@@ -111,7 +112,8 @@ class LoadBalancer:
         self._step = 0  # global step (over epochs) that the next step() closes
         self._stepped = False  # step() called since construction (or the last load_state_dict)
         self._perm_epoch, self._perm = -1, None
-        self._monitor = monitor if monitor is not None else ResourceMonitor().sample
+        self._resources = ResourceMonitor() if monitor is None else None  # /proc, as the C++ runtime reads it
+        self._monitor = monitor if monitor is not None else self._resources.sample
         if not callable(self._monitor):
             raise TypeError(f"LoadBalancer: monitor must be callable, got {type(monitor).__name__}")
         self.micro_batches = positive_int(micro_batches, "micro_batches", 1)
@@ -135,10 +137,19 @@ class LoadBalancer:
         self.clock = DeviceClock(first.device) if on_device else HostClock()
         #: the memory figures on CUDA (lbbsp.torch.memory), None on the CPU
         self.memory = DeviceMemory(first.device) if on_device else None
+        #: the per-step path in C++ (lbbsp.torch.native) where it applies, else None (the Python path)
+        self.native = None
+        if model is not None and not self._sharded and not on_device and self.micro_batches == 1:
+            self.native = native.make(self.rank, self.world_size, self._resources or self._monitor, model,
+                                      ReportExchange.PIGGYBACK_MAX_BYTES, self._decisions.report_errors)
+        if self.native is not None:
+            self.clock = NativeClock(self.native)
+            self.exchange.native = self.native
         if self._sharded:
             fsdp.attach(self, model, check_rows=check_loss)
         elif model is not None:
             ddp.attach(self, model, check_rows=check_loss)
+        self._arm()
 
     # ---- what a training loop asks for ----
 
@@ -305,6 +316,8 @@ class LoadBalancer:
         from_step = not self.exchange.launched(k)
         if from_step:
             self.send_report(k, t0)
+        elif self.native is not None:  # the C++ hook sent the report: its window noted there, as below
+            self._after_native_report(k, t0)
         else:  # the window of step k+1 is open since step k's allreduce: what ran since was step k's work
             self.clock.note_work_after_barrier(k, t0, int(self.sizes[k][self.rank]))
             if self.memory is not None:  # the device may still run step k's optimizer: no waiting for it here
@@ -322,8 +335,26 @@ class LoadBalancer:
         self.sizes.forget_through(min(k, self._decisions.decided))  # undecided steps keep theirs to check their reports
         if from_step:
             self.clock.restart()
+        self._arm()
         self.timing["step_s"] += time.perf_counter() - t0
         return self.sizes[k + 1].copy()
+
+    def _arm(self) -> None:
+        """Tells the C++ hook (if any) the step its last bucket reports: its number, this rank's batch, the
+        batch vector's checksum."""
+        if self.native is not None:
+            sizes = self.sizes[self._step]
+            self.native.arm(self._step, int(sizes[self.rank]), checksum(sizes))
+
+    def _after_native_report(self, k: int, now: float) -> None:
+        """Step k's report left from the C++ hook: the work since its barrier noted (one call), then the loss
+        check the Python hook makes, the measure it sent and the error it met building the report (which travels
+        as the failed flag)."""
+        backward, self._measured_s, error = self.native.closed(k, now, int(self.sizes[k][self.rank]))
+        if backward:
+            self.loss.check_scaled(k)
+        if error is not None:
+            self._decisions.report_errors[k] = RuntimeError(error)
 
     def _decide_through(self, last: int, block: bool) -> None:
         """Decides from the reports of the steps up to ``last`` that have left (waiting for them if block)."""
@@ -364,6 +395,7 @@ class LoadBalancer:
         self._step, self._stepped = step, False
         self.loss.new_step()
         self.clock.reset()
+        self._arm()
 
     # ---- DataLoader ----
 

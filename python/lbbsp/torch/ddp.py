@@ -21,6 +21,11 @@ from .loss import watch_rows
 if TYPE_CHECKING:
     from .controller import LoadBalancer
 
+ORPHANED = ("LoadBalancer: the DDP model's LoadBalancer is gone (no reference left to it) but its hook stays: the "
+            "gradients are still SUMMED over ranks, so a mean loss gives gradients world-size times too large. Keep "
+            "the LoadBalancer for as long as the model trains, or train on with a new DDP model")
+
+
 def check_model(model: Optional[torch.nn.Module]) -> None:
     """A DistributedDataParallel model or None."""
     if model is not None and not hasattr(model, "register_comm_hook"):
@@ -43,13 +48,13 @@ def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None
             return _sum_and_report(balancer, me, state, bucket)
         if not orphaned:  # DDP keeps the hook: training on without the LoadBalancer still sums
             orphaned.append(True)
-            warnings.warn("LoadBalancer: the DDP model's LoadBalancer is gone (no reference left to it) "
-                          "but its hook stays: the gradients are still SUMMED over ranks, so a mean loss "
-                          "gives gradients world-size times too large. Keep the LoadBalancer for as long "
-                          "as the model trains, or train on with a new DDP model")
+            warnings.warn(ORPHANED)
         return sum_allreduce_hook(state, bucket)
     try:
-        model.register_comm_hook(getattr(model, "process_group", None), hook)
+        if lb.native is not None:  # the same hook in C++ (lbbsp.torch.native)
+            lb.native.register(model.reducer, getattr(model, "process_group", None) or dist.group.WORLD, ORPHANED)
+        else:
+            model.register_comm_hook(getattr(model, "process_group", None), hook)
     except RuntimeError as e:  # DDP takes one hook: the user's (a compression hook, say) came first
         raise RuntimeError("LoadBalancer: the model already has a communication hook (register_comm_hook "
                            "was called on it): LB-BSP needs its own, which sums the gradients and carries "

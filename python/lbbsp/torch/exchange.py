@@ -82,8 +82,10 @@ class ReportExchange:
         self._retired: collections.deque = collections.deque(maxlen=4)
         self.waited_s = 0.0  # seconds spent blocked in take(), since the owner last cleared it
         self.broken = False  # a collective failed: reports still in flight will not arrive
-        self.rides = self.gathers = 0  # steps whose reports rode in a gradient bucket / took the all-gather
-        self.buffers_made = 0
+        self._rides = self._gathers = 0  # steps whose reports rode in a gradient bucket / took the all-gather
+        self._buffers_made = 0
+        #: the C++ step path's state (lbbsp.torch.native), whose hook launches the reports, or None
+        self.native = None
         self.piggybacks = True  # False once the gradients' backend refused a coalesced allreduce
         self._spare: List[torch.Tensor] = []  # report blocks not in flight
         _LIVE.add(self)
@@ -92,7 +94,22 @@ class ReportExchange:
         mine = torch.from_numpy(report)
         out = [torch.zeros_like(mine) for _ in range(self.world)]
         self._flight[step] = (dist.all_gather(out, mine, group=self.group, async_op=True), out)
-        self.gathers += 1
+        self._gathers += 1
+
+    @property
+    def rides(self) -> int:
+        """Steps whose reports rode in a gradient bucket."""
+        return self._rides + (self.native.rides if self.native is not None else 0)
+
+    @property
+    def gathers(self) -> int:
+        """Steps whose reports took a collective of their own (the all-gather, or the C++ path's allreduce)."""
+        return self._gathers + (self.native.separate if self.native is not None else 0)
+
+    @property
+    def buffers_made(self) -> int:
+        """Report blocks made (each is reused once read)."""
+        return self._buffers_made + (self.native.blocks_made if self.native is not None else 0)
 
     # A report rides in the last gradient bucket's own allreduce (a world x (REPORT + 1) block beside the bucket,
     # this rank's row filled and zeros elsewhere: the SUM gives every row) when the bucket is float32 or float64 and
@@ -119,7 +136,7 @@ class ReportExchange:
             self._spare.clear()
         if not self._spare:
             self._spare.append(torch.empty(self.world, REPORT + 1, dtype=dtype))
-            self.buffers_made += 1
+            self._buffers_made += 1
         block = self._spare.pop()
         write_row(block.numpy(), self.rank, report)
         return block
@@ -129,17 +146,21 @@ class ReportExchange:
         (the allreduce's, through the hook's callback): once it is done the reports are there to read, also while
         gloo's thread still finishes the work itself (a wait() for that took 30-130 us in a step in five)."""
         self._flight[step] = (work, (block, done))
-        self.rides += 1
+        self._rides += 1
 
     def launched(self, step: int) -> bool:
-        return step in self._flight
+        return step in self._flight or (self.native is not None and self.native.launched(step))
 
     def arrived(self, step: int) -> bool:
+        if step not in self._flight:
+            return self.native.arrived(step)
         work, out = self._flight[step]
         return out[1].done() if isinstance(out, tuple) else work.is_completed()
 
     def take(self, step: int) -> np.ndarray:
         """Every rank's report of ``step`` (world x REPORT), waiting at most the timeout for it."""
+        if step not in self._flight:
+            return self._take_native(step)
         work, out = self._flight.pop(step)
         self._retired.append((work, out))
         t0 = time.perf_counter()
@@ -149,9 +170,7 @@ class ReportExchange:
             else:
                 work.wait(self.timeout)
         except RuntimeError as e:
-            first = (str(e).splitlines() or [type(e).__name__])[0]
-            raise RuntimeError(f"LoadBalancer: step {step}: exchanging reports failed on rank "
-                               f"{self.ranks[self.rank]}: {self.missing_ranks(step)}; {first}") from None
+            raise self._failed(step, e) from None
         finally:
             self.waited_s += time.perf_counter() - t0
         if isinstance(out, list):
@@ -161,12 +180,31 @@ class ReportExchange:
         self._spare.append(block)  # read: free for a later step's piggyback
         return reports
 
+    def _take_native(self, step: int) -> np.ndarray:
+        """take() of a report that the C++ hook launched (read there from its summed block)."""
+        t0 = time.perf_counter()
+        try:
+            return self.native.take(step, int(self.timeout.total_seconds() * 1000))
+        except RuntimeError as e:
+            raise self._failed(step, e) from None
+        finally:
+            self.waited_s += time.perf_counter() - t0
+
+    def _failed(self, step: int, error: RuntimeError) -> RuntimeError:
+        first = (str(error).splitlines() or [type(error).__name__])[0]
+        return RuntimeError(f"LoadBalancer: step {step}: exchanging reports failed on rank {self.ranks[self.rank]}: "
+                            f"{self.missing_ranks(step)}; {first}")
+
+    def in_flight(self) -> List[int]:
+        """The steps whose reports are in flight, in order."""
+        return sorted(set(self._flight) | set(self.native.in_flight() if self.native is not None else ()))
+
     def drain(self, quiet: bool = False) -> None:
         """Waits for the reports still in flight and forgets them (quiet: whatever happens to them; none after
         a failure: they would only time out)."""
         if self.broken and quiet:
             return
-        for step in sorted(self._flight):
+        for step in self.in_flight():
             try:
                 self.take(step)
             except Exception:  # re-raised unless quiet: at exit a failed peer is not this process's error

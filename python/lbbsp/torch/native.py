@@ -1,0 +1,167 @@
+"""lbbsp.torch's per-step path in C++ (native_step.cpp beside this file), for a DDP model on the CPU over gloo:
+the comm hook, the step clock, the /proc monitor's read and the report block of ddp.py, clock.HostClock and
+exchange.ReportExchange.piggyback, without Python or the GIL in the step. Those stay as its reference and the
+fall-back. It is built on first use against the installed torch (``torch.utils.cpp_extension``: a C++ compiler and
+ninja, ~30 s once, cached: build_directory()); ``LBBSP_TORCH_NATIVE=0`` keeps the Python path, ``=1``
+makes a failed build an error instead of a warning."""
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import platform
+import sys
+import time
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .clock import HostClock
+from .monitor import ResourceMonitor
+from .report import _COLUMN, read_metrics
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_step.cpp")
+_LAYOUT = ("width", "batch", "compute_s", "exo", "mem_cap", "measured_batch", "status", "checksum")
+_built: Optional[Tuple[Any, str]] = None  # (the module or None, why not)
+
+
+def mode() -> str:
+    """LBBSP_TORCH_NATIVE: "auto" (default: the C++ path on PyTorch 2.x where it builds), "0" (never) or "1"
+    (must: a failed build raises). PyTorch 1.x (Debian's 1.13 ships no C++ headers) keeps the Python path."""
+    value = os.environ.get("LBBSP_TORCH_NATIVE", "auto").strip().lower()
+    if value not in ("auto", "0", "1"):
+        raise ValueError(f"LBBSP_TORCH_NATIVE must be auto, 0 or 1, got {value!r}")
+    if value == "auto" and int(torch.__version__.split(".")[0]) < 2:
+        return "0"
+    return value
+
+
+def extension() -> Any:
+    """The built extension, or None where LBBSP_TORCH_NATIVE=0 or it does not build (a warning, once)."""
+    global _built
+    if mode() == "0":
+        return None
+    if _built is None:
+        try:
+            _built = (_load(), "")
+        except Exception as e:  # any failure to build falls back to the Python path (or raises, mode 1)
+            _built = (None, _first_error(e))
+            if mode() == "1":
+                raise RuntimeError(f"LoadBalancer: LBBSP_TORCH_NATIVE=1 but the C++ step path did not build: "
+                                   f"{_built[1]}") from e
+            warnings.warn(f"LoadBalancer: the C++ step path did not build ({_built[1]}); the Python path runs, "
+                          "~0.3 ms more CPU a step. It needs a C++ compiler and ninja (pip install ninja); "
+                          "LBBSP_TORCH_NATIVE=0 silences this")
+    return _built[0]
+
+
+def _first_error(error: BaseException) -> str:
+    """The compiler's first error line in a failed build's message (else its last line)."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    return next((line.strip() for line in lines if "error:" in line), lines[-1])
+
+
+def build_directory() -> Tuple[str, str]:
+    """(the folder, the module's name) of the build for this source, torch, Python and machine:
+    LBBSP_TORCH_NATIVE_DIR or the user's cache (~/.cache/lbbsp/native), a sub-folder for each."""
+    with open(_SOURCE, "rb") as f:
+        build = f"{torch.__version__} {sys.version_info[:2]} {platform.machine()}".encode()  # what the .so is for
+        digest = hashlib.sha256(f.read() + build).hexdigest()[:12]
+    name = f"lbbsp_native_step_{digest}"
+    root = os.environ.get("LBBSP_TORCH_NATIVE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "lbbsp", "native")
+    return os.path.join(root, name), name
+
+
+def _load() -> Any:
+    """The module, imported from its build where that is done (no ninja run, no cpp_extension import), else
+    built first (ranks that start together: one builds, the others wait on its lock file)."""
+    folder, name = build_directory()
+    done = os.path.join(folder, "built")  # written once a build has loaded (the .so may exist half-linked)
+    if os.path.exists(done):
+        spec = importlib.util.spec_from_file_location(name, os.path.join(folder, name + ".so"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    with contextlib.suppress(ImportError):  # PyPI's ninja: its binary is off PATH in a venv not activated
+        import ninja
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    from torch.utils.cpp_extension import load
+    os.makedirs(folder, exist_ok=True)
+    module = load(name, [_SOURCE], extra_cflags=["-O2"], build_directory=folder, verbose=False)
+    with open(done, "w") as f:
+        f.write(torch.__version__ + "\n")
+    return module
+
+
+def make(rank: int, world: int, monitor: Any, model: Any, piggyback_max_bytes: int,
+         errors: Dict[int, BaseException]) -> Any:
+    """A NativeStep for this rank's DDP model, or None where the C++ path does not apply (a backend other than
+    gloo, DDP's Python reducer) or does not build. ``monitor``: lbbsp's ResourceMonitor (read in C++) or any
+    callable (read with the GIL, as the Python hook does; its errors go to ``errors`` by step)."""
+    group = getattr(model, "process_group", None) or dist.group.WORLD
+    if dist.get_backend(group) != "gloo" or getattr(model, "_use_python_reducer", False):
+        return None
+    ext = extension()
+    if ext is None:
+        return None
+    layout = [_COLUMN[c] for c in _LAYOUT]
+    if isinstance(monitor, ResourceMonitor) and hasattr(monitor.source, "c_sampler"):
+        sample_fn, address = monitor.source.c_sampler()
+        return ext.NativeStep(rank, world, layout, sample_fn, address, monitor.min_interval_s, piggyback_max_bytes)
+    return ext.NativeStep(rank, world, layout, 0, 0, 0.0, piggyback_max_bytes, _exo_reader(monitor, errors))
+
+
+def _exo_reader(monitor: Callable[[], List[float]], errors: Dict[int, BaseException]) -> Callable:
+    """What the C++ hook calls for step k's figures: the checked figures, or None where the monitor raised (its
+    error kept for step k, to travel as the report's failed flag and be raised on every rank)."""
+    def read(k: int) -> Optional[List[float]]:
+        try:
+            return read_metrics(monitor)
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it, then every rank raises
+            errors[k] = e
+            return None
+    return read
+
+
+class NativeClock(HostClock):
+    """HostClock whose window lives in the C++ step state: the hook closes it and opens the next one."""
+
+    def __init__(self, native: Any) -> None:
+        self.native = native
+        super().__init__()
+
+    @property
+    def recorded_s(self) -> Optional[float]:  # type: ignore[override]
+        return self.native.recorded_s
+
+    @recorded_s.setter
+    def recorded_s(self, value: Optional[float]) -> None:  # HostClock's restart() sets None: the state does
+        pass
+
+    def restart(self, opened: Any = None) -> None:
+        self.native.restart(time.perf_counter())
+
+    def reset(self) -> None:
+        self.native.reset(time.perf_counter())
+
+    def record(self, seconds: float) -> None:
+        self.native.record(seconds)
+
+    def add_wait(self, seconds: float) -> None:
+        self.native.add_wait(seconds)
+
+    def add_untimed(self, seconds: float) -> None:
+        self.native.add_untimed(seconds)
+
+    def window_s(self, now: float) -> float:
+        return self.native.window_s(now)
+
+    def note_work_after_barrier(self, step: int, now: float, batch: int) -> None:
+        self.native.note_after_barrier(step, now, batch)
+
+    def measure(self, step: int, batch: int, now: float, ready: Any,
+                exo: List[float]) -> Tuple[float, int, List[float]]:
+        return self.native.measure(step, batch, now), batch, exo

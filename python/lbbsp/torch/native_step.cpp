@@ -1,0 +1,480 @@
+// lbbsp.torch's per-step path on the CPU in C++ (the Python path in ddp.py, clock.py and exchange.py is its
+// reference and the fall-back): the DDP communication hook that SUMS each gradient bucket and, at the last
+// bucket of a step, measures the rank's window, reads the /proc monitor, writes the report into the block
+// that rides in that bucket's allreduce and opens the next window when the allreduce completes, without
+// Python or the GIL. In Python those were ~15 calls of 5-80 us a step on the rank's own core
+// (docs/results/torch.md). Built on first use against the installed torch by lbbsp/torch/native.py
+// (torch.utils.cpp_extension), which says what it mirrors.
+#include <pybind11/numpy.h>
+#include <time.h>
+#include <torch/extension.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using Group = c10::intrusive_ptr<c10d::ProcessGroup>;
+using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
+// lbbsp._lbbsp's monitor as a C function: fills [cpu_avail, mem_avail, load], 0 on success.
+using SampleFn = int (*)(void*, double*);
+
+using Exo = std::array<double, 3>;  // cpu_avail, mem_avail, load (RANK_EXO)
+
+// CLOCK_MONOTONIC: Python's time.perf_counter on Linux, so windows opened here close in Python and back.
+double now_s() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// The report row's columns (lbbsp._lbbsp.REPORT_LAYOUT; the checksum last, sent as two 16-bit halves).
+struct Layout {
+  int64_t width, batch, compute, exo, cap, measured, status, checksum;
+};
+
+struct Flight {
+  c10::intrusive_ptr<c10d::Work> work;
+  FuturePtr done;  // completes when the reports are in the block (and the next window is open)
+  at::Tensor block;
+};
+
+// What the hook and Python share, under one lock: the step clock (HostClock's), the armed step, the flights.
+class StepState : public std::enable_shared_from_this<StepState> {
+ public:
+  StepState(int64_t rank, int64_t world, Layout layout, uintptr_t sample_fn, uintptr_t monitor,
+            double min_interval_s, int64_t piggyback_max_bytes)
+      : rank_(rank),
+        world_(world),
+        layout_(layout),
+        sample_(reinterpret_cast<SampleFn>(sample_fn)),
+        monitor_(reinterpret_cast<void*>(monitor)),
+        min_interval_s_(min_interval_s),
+        piggyback_max_bytes_(piggyback_max_bytes) {
+    TORCH_CHECK(layout.checksum == layout.width - 1,
+                "native_step: the checksum must be the report's last column");
+    restart(now_s());
+  }
+
+  // ---- the window: HostClock's, for the hook's thread and Python's ----
+  void restart(double now) {
+    std::lock_guard<std::mutex> g(mu_);
+    restart_locked(now);
+  }
+  void reset(double now) {
+    std::lock_guard<std::mutex> g(mu_);
+    after_step_ = -1;
+    restart_locked(now);
+  }
+  void record(double s) {
+    std::lock_guard<std::mutex> g(mu_);
+    recorded_ = recorded_.value_or(0.0) + s;
+  }
+  std::optional<double> recorded() {
+    std::lock_guard<std::mutex> g(mu_);
+    return recorded_;
+  }
+  void add_wait(double s) {
+    std::lock_guard<std::mutex> g(mu_);
+    wait_s_ += s;
+  }
+  void add_untimed(double s) {
+    std::lock_guard<std::mutex> g(mu_);
+    untimed_s_ += s;
+  }
+  double window_s(double now) {
+    std::lock_guard<std::mutex> g(mu_);
+    return window_locked(now);
+  }
+  void note_after_barrier(int64_t step, double now, int64_t batch) {
+    std::lock_guard<std::mutex> g(mu_);
+    after_step_ = step, after_s_ = window_locked(now), after_batch_ = batch;
+  }
+  double measure(int64_t step, int64_t batch, double now) {
+    std::lock_guard<std::mutex> g(mu_);
+    return on_this_batch(step, batch, window_locked(now));
+  }
+
+  // ---- the step the next last bucket reports ----
+  void arm(int64_t step, int64_t batch, double checksum) {
+    std::lock_guard<std::mutex> g(mu_);
+    step_ = step, batch_ = batch, checksum_ = checksum;
+  }
+  // Called with the GIL held, which guards py_monitor_.
+  void detach() {
+    py_monitor_ = nullptr;
+    std::lock_guard<std::mutex> g(mu_);
+    detached_ = true;
+  }
+  std::string orphan_warning_;      // the warning once the LoadBalancer is gone
+  PyObject* py_monitor_ = nullptr;  // borrowed from the Handle, which outlives its use (detach() clears it)
+
+  // ---- the flights, read by Python ----
+  bool launched(int64_t step) {
+    std::lock_guard<std::mutex> g(mu_);
+    return flights_.count(step) > 0;
+  }
+  bool arrived(int64_t step) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = flights_.find(step);
+    return it != flights_.end() && it->second.done->completed();
+  }
+  std::vector<int64_t> in_flight() {
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<int64_t> steps;
+    for (const auto& [step, _] : flights_) steps.push_back(step);
+    return steps;
+  }
+  // Every rank's report of `step` (world x width, float64), read from its summed block (as read_report_block
+  // in python/torch_reports.cpp: the checksum's halves joined), waiting at most timeout_ms for it (the GIL
+  // released). Raises RuntimeError with the collective's error.
+  pybind11::array_t<double> take(int64_t step, int64_t timeout_ms) {
+    Flight f;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = flights_.find(step);
+      TORCH_CHECK(it != flights_.end(), "native_step: no report of step ", step, " in flight");
+      f = std::move(it->second);
+      flights_.erase(it);
+    }
+    if (!f.done->completed()) {  // with DDP it has completed: backward() waited for it
+      pybind11::gil_scoped_release nogil;
+      try {
+        f.work->wait(std::chrono::milliseconds(timeout_ms));
+        f.done->wait();
+      } catch (const std::exception& e) {
+        throw std::runtime_error(e.what());
+      }
+    }
+    if (f.done->hasError()) throw std::runtime_error(f.done->tryRetrieveErrorMessage());
+    pybind11::array_t<double> rows({world_, layout_.width});
+    AT_DISPATCH_FLOATING_TYPES(f.block.scalar_type(), "read_block", [&] {
+      const scalar_t* in = f.block.data_ptr<scalar_t>();
+      double* out = rows.mutable_data();
+      for (int64_t i = 0; i < world_; ++i, in += layout_.width + 1, out += layout_.width) {
+        for (int64_t c = 0; c < layout_.checksum; ++c) out[c] = static_cast<double>(in[c]);
+        out[layout_.checksum] =
+            static_cast<double>(in[layout_.checksum]) * 65536.0 + in[layout_.checksum + 1];
+      }
+    });
+    std::lock_guard<std::mutex> g(mu_);
+    spare_.push_back(f.block);
+    return rows;
+  }
+  // step() of step k whose report left from the hook: the work since the barrier noted (note_after_barrier),
+  // and (whether backward reached the hook in step k, the seconds the report carried, its error or None).
+  std::tuple<bool, double, std::optional<std::string>> closed(int64_t k, double now, int64_t batch) {
+    note_after_barrier(k, now, batch);
+    return {backward_step_.load() == k, measured_s_.load(), pop_error(k)};
+  }
+  std::optional<std::string> pop_error(int64_t step) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = errors_.find(step);
+    if (it == errors_.end()) return std::nullopt;
+    auto message = std::move(it->second);
+    errors_.erase(it);
+    return message;
+  }
+
+  // ---- the hook ----
+  FuturePtr run(const Group& group, c10d::GradBucket& bucket) {
+    at::Tensor& tensor = bucket.getBufferRef();
+    const double ready_s = now_s();
+    std::unique_lock<std::mutex> g(mu_);
+    backward_step_ = step_;
+    if (detached_ && !orphan_warned_) {  // ddp.py's hook warns alike (once)
+      orphan_warned_ = true;
+      g.unlock();
+      pybind11::gil_scoped_acquire gil;
+      if (PyErr_WarnEx(PyExc_UserWarning, orphan_warning_.c_str(), 1) != 0) PyErr_Clear();
+      g.lock();
+    }
+    if (!bucket.isLast() || detached_) {
+      g.unlock();
+      return allreduce(group, tensor)->getFuture();
+    }
+    // a second backward in one step: its wait in the allreduce is not this rank's work
+    if (sent_step_ == step_) {
+      g.unlock();
+      return then_left_barrier(allreduce(group, tensor), false, ready_s);
+    }
+    const int64_t k = step_;
+    sent_step_ = k;
+    g.unlock();
+    // a Python monitor takes the GIL: not under the lock
+    const std::optional<Exo> exo = read_exo(k, ready_s);
+    return send(group, tensor, k, ready_s, exo);
+  }
+
+  const int64_t rank_, world_;
+  // read by Python between steps while gloo's and autograd's threads may still write: atomics
+  std::atomic<int64_t> rides_{0}, separate_{0}, blocks_made_{0};
+  std::atomic<int64_t> backward_step_{-1};  // the step of the last backward that reached the hook
+  std::atomic<double> measured_s_{std::numeric_limits<double>::quiet_NaN()};  // the last report's seconds
+
+ private:
+  // Step k's report into a block, and the block reduced (SUM) with the bucket: in one coalesced allreduce
+  // where the bucket is float32/64 and small enough, else in an allreduce of its own after the bucket's.
+  FuturePtr send(const Group& group, at::Tensor& tensor, int64_t k, double ready_s,
+                 const std::optional<Exo>& exo) {
+    std::unique_lock<std::mutex> g(mu_);
+    const std::vector<double> row = report_locked(k, ready_s, exo);
+    const bool small = (tensor.scalar_type() == at::kFloat || tensor.scalar_type() == at::kDouble) &&
+                       static_cast<int64_t>(tensor.numel() * tensor.element_size()) <= piggyback_max_bytes_;
+    at::Tensor block = spare_block(piggybacks_ && small ? tensor.scalar_type() : at::kDouble);
+    write_block(block, row);
+    g.unlock();
+    c10::intrusive_ptr<c10d::Work> work =
+        piggybacks_ && small ? allreduce_both(group, tensor, block) : nullptr;
+    const bool rode = static_cast<bool>(work);
+    FuturePtr done;
+    if (rode) {
+      done = then_left_barrier(work, true, ready_s);
+    } else {
+      if (block.scalar_type() != at::kDouble) {
+        block = at::empty({world_, layout_.width + 1}, at::TensorOptions().dtype(at::kDouble));
+        write_block(block, row);
+      }
+      done = then_left_barrier(allreduce(group, tensor), true, ready_s);
+      work = allreduce(group, block);
+    }
+    g.lock();
+    (rode ? rides_ : separate_) += 1;
+    flights_[k] = Flight{work, rode ? done : work->getFuture(), block};
+    return done;
+  }
+
+  // The coalesced allreduce of the bucket and the block, or null where the backend refuses it (before
+  // anything is sent), which is not tried again.
+  c10::intrusive_ptr<c10d::Work> allreduce_both(const Group& group, at::Tensor& tensor, at::Tensor& block) {
+    try {
+      std::vector<at::Tensor> both{tensor, block};
+      c10d::AllreduceCoalescedOptions opts;
+      opts.reduceOp = c10d::ReduceOp::SUM;
+      return group->allreduce_coalesced(both, opts);
+    } catch (const std::exception&) {
+      std::lock_guard<std::mutex> g(mu_);
+      piggybacks_ = false;
+      return nullptr;
+    }
+  }
+
+  void restart_locked(double now) {
+    recorded_.reset();
+    wait_s_ = untimed_s_ = 0.0;
+    started_s_ = now;
+  }
+  double window_locked(double now) const { return std::max(0.0, now - started_s_ - wait_s_ - untimed_s_); }
+
+  // HostClock._on_this_batch: the part of the window after the last barrier (step k-1's work after backward)
+  // scaled to step k's batch, the ratio bounded to [1/4, 4].
+  double on_this_batch(int64_t k, int64_t n, double window) const {
+    if (after_step_ != k - 1 || after_batch_ <= 0 || n <= 0 || after_batch_ == n) return window;
+    const double ratio =
+        std::min(4.0, std::max(0.25, static_cast<double>(n) / static_cast<double>(after_batch_)));
+    return std::max(0.0, window + std::min(after_s_, window) * (ratio - 1.0));
+  }
+
+  // The monitor's figures for step k's report (None: it failed, and says why in errors_ or in Python): the
+  // C++ monitor at most every min_interval_s (ResourceMonitor.sample), or a Python monitor, called with the
+  // GIL.
+  std::optional<Exo> read_exo(int64_t k, double now) {
+    if (py_monitor_ != nullptr) return read_python_exo(k);
+    if (exo_valid_ && now - exo_read_s_ < min_interval_s_) return exo_;
+    Exo exo{};
+    if (sample_(monitor_, exo.data()) != 0) {
+      std::lock_guard<std::mutex> g(mu_);
+      errors_[k] = "the resource monitor failed to read /proc";
+      return std::nullopt;
+    }
+    exo_ = exo, exo_read_s_ = now, exo_valid_ = true;
+    return exo;
+  }
+
+  // py_monitor_(k) returns the figures, or None where the monitor raised (Python keeps the error for step k).
+  std::optional<Exo> read_python_exo(int64_t k) {
+    pybind11::gil_scoped_acquire gil;
+    if (py_monitor_ == nullptr) return std::nullopt;  // the LoadBalancer went meanwhile
+    try {
+      pybind11::object got = pybind11::reinterpret_borrow<pybind11::object>(py_monitor_)(k);
+      if (got.is_none()) return std::nullopt;
+      const auto values = got.cast<std::vector<double>>();
+      if (values.size() != 3) return std::nullopt;
+      return Exo{values[0], values[1], values[2]};
+    } catch (const pybind11::error_already_set&) {
+      return std::nullopt;
+    }
+  }
+
+  // LoadBalancer.report: batch, seconds, exo, no memory cap, measured batch, status, checksum.
+  std::vector<double> report_locked(int64_t k, double now, const std::optional<Exo>& exo) {
+    std::vector<double> row(layout_.width, 0.0);
+    const bool failed = !exo.has_value();
+    const double compute = recorded_ ? *recorded_ : on_this_batch(k, batch_, window_locked(now));
+    row[layout_.batch] = static_cast<double>(batch_);
+    row[layout_.compute] = failed ? 0.0 : compute;
+    for (int e = 0; e < 3; ++e) row[layout_.exo + e] = failed ? 0.0 : (*exo)[e];
+    row[layout_.measured] = failed ? 0.0 : static_cast<double>(batch_);
+    row[layout_.status] = failed ? 1.0 : 0.0;
+    row[layout_.checksum] = checksum_;
+    if (!failed) measured_s_ = compute;
+    return row;
+  }
+
+  at::Tensor spare_block(at::ScalarType dtype) {
+    if (!spare_.empty() && spare_.back().scalar_type() != dtype) spare_.clear();
+    if (spare_.empty()) {
+      ++blocks_made_;
+      return at::empty({world_, layout_.width + 1}, at::TensorOptions().dtype(dtype));
+    }
+    at::Tensor block = spare_.back();
+    spare_.pop_back();
+    return block;
+  }
+
+  // write_report_block (python/torch_reports.cpp): zeros, the row in this rank's row, the checksum as halves.
+  void write_block(at::Tensor& block, const std::vector<double>& row) const {
+    AT_DISPATCH_FLOATING_TYPES(block.scalar_type(), "write_block", [&] {
+      scalar_t* data = block.data_ptr<scalar_t>();
+      std::fill(data, data + block.numel(), scalar_t(0));
+      scalar_t* out = data + rank_ * (layout_.width + 1);
+      for (int64_t c = 0; c < layout_.checksum; ++c) out[c] = static_cast<scalar_t>(row[c]);
+      const auto sum = static_cast<uint32_t>(row[layout_.checksum]);
+      out[layout_.checksum] = static_cast<scalar_t>(sum >> 16);
+      out[layout_.checksum + 1] = static_cast<scalar_t>(sum & 0xFFFFu);
+    });
+  }
+
+  static c10::intrusive_ptr<c10d::Work> allreduce(const Group& group, at::Tensor& tensor) {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    return group->allreduce(tensors, opts);
+  }
+
+  // The allreduce's future, with the barrier left noted when it completes (in gloo's thread): the next window
+  // opens (sends), or a second backward's wait is added.
+  FuturePtr then_left_barrier(const c10::intrusive_ptr<c10d::Work>& work, bool sends, double ready_s) {
+    std::weak_ptr<StepState> me = weak_from_this();
+    FuturePtr future = work->getFuture();
+    return future->then(
+        [me, sends, ready_s](c10::ivalue::Future& f) -> c10::IValue {
+          if (auto state = me.lock()) {
+            std::lock_guard<std::mutex> g(state->mu_);
+            if (sends) {
+              state->restart_locked(now_s());
+            } else {
+              state->wait_s_ += now_s() - ready_s;
+            }
+          }
+          return f.value();  // the reducer takes the first tensor: the bucket
+        },
+        future->elementType());
+  }
+
+  std::mutex mu_;
+  Layout layout_;
+  SampleFn sample_;
+  void* monitor_;
+  double min_interval_s_;
+  int64_t piggyback_max_bytes_;
+  bool piggybacks_ = true, detached_ = false, orphan_warned_ = false;
+  // the window
+  std::optional<double> recorded_;
+  double started_s_ = 0, wait_s_ = 0, untimed_s_ = 0;
+  int64_t after_step_ = -1, after_batch_ = 0;
+  double after_s_ = 0;
+  // the armed step, and the last one whose report left from here
+  int64_t step_ = -1, batch_ = 0, sent_step_ = -1;
+  double checksum_ = 0;
+  // the monitor: the C++ one's last figures (the hook's thread only), or a Python callable (read with the
+  // GIL)
+  Exo exo_{1.0, 1.0, 0.0};
+  double exo_read_s_ = 0;
+  bool exo_valid_ = false;
+  std::map<int64_t, Flight> flights_;
+  std::map<int64_t, std::string> errors_;
+  std::vector<at::Tensor> spare_;
+};
+
+class Hook : public c10d::CppCommHookInterface<Group> {
+ public:
+  Hook(Group group, std::shared_ptr<StepState> state)
+      : c10d::CppCommHookInterface<Group>(std::move(group)), state_(std::move(state)) {}
+  FuturePtr runHook(c10d::GradBucket& bucket) override {
+    return state_->run(c10d::CppCommHookInterface<Group>::state_, bucket);
+  }
+
+ private:
+  std::shared_ptr<StepState> state_;
+};
+
+// What Python holds: dropped with the LoadBalancer, it detaches the hook, which then only sums.
+struct Handle {
+  std::shared_ptr<StepState> state;
+  pybind11::object monitor;  // a Python monitor (monitor(step) -> figures or None), or None
+  ~Handle() { state->detach(); }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  namespace py = pybind11;
+  py::class_<Handle>(m, "NativeStep")
+      .def(py::init([](int64_t rank, int64_t world, const std::vector<int64_t>& layout, uintptr_t sample_fn,
+                       uintptr_t monitor, double min_interval_s, int64_t piggyback_max_bytes,
+                       py::object py_monitor) {
+             TORCH_CHECK(layout.size() == 8, "native_step: the layout has 8 columns");
+             Layout l{layout[0], layout[1], layout[2], layout[3], layout[4], layout[5], layout[6], layout[7]};
+             auto state = std::make_shared<StepState>(rank, world, l, sample_fn, monitor, min_interval_s,
+                                                      piggyback_max_bytes);
+             if (!py_monitor.is_none()) state->py_monitor_ = py_monitor.ptr();
+             return std::unique_ptr<Handle>(new Handle{state, py_monitor});
+           }),
+           py::arg("rank"), py::arg("world"), py::arg("layout"), py::arg("sample_fn"), py::arg("monitor"),
+           py::arg("min_interval_s"), py::arg("piggyback_max_bytes"), py::arg("py_monitor") = py::none())
+      .def("register",
+           [](Handle& h, py::object reducer, py::object group, std::string orphan_warning) {
+             h.state->orphan_warning_ = std::move(orphan_warning);
+             reducer.cast<c10d::Reducer*>()->register_comm_hook(
+                 std::make_unique<Hook>(group.cast<Group>(), h.state));
+           })
+      .def("restart", [](Handle& h, double now) { h.state->restart(now); })
+      .def("reset", [](Handle& h, double now) { h.state->reset(now); })
+      .def("record", [](Handle& h, double s) { h.state->record(s); })
+      .def_property_readonly("recorded_s", [](Handle& h) { return h.state->recorded(); })
+      .def("add_wait", [](Handle& h, double s) { h.state->add_wait(s); })
+      .def("add_untimed", [](Handle& h, double s) { h.state->add_untimed(s); })
+      .def("window_s", [](Handle& h, double now) { return h.state->window_s(now); })
+      .def("note_after_barrier", [](Handle& h, int64_t step, double now,
+                                    int64_t batch) { h.state->note_after_barrier(step, now, batch); })
+      .def("measure", [](Handle& h, int64_t step, int64_t batch,
+                         double now) { return h.state->measure(step, batch, now); })
+      .def("arm", [](Handle& h, int64_t step, int64_t batch,
+                     double checksum) { h.state->arm(step, batch, checksum); })
+      .def("launched", [](Handle& h, int64_t step) { return h.state->launched(step); })
+      .def("arrived", [](Handle& h, int64_t step) { return h.state->arrived(step); })
+      .def("in_flight", [](Handle& h) { return h.state->in_flight(); })
+      .def("take",
+           [](Handle& h, int64_t step, int64_t timeout_ms) { return h.state->take(step, timeout_ms); })
+      .def("closed", [](Handle& h, int64_t step, double now,
+                        int64_t batch) { return h.state->closed(step, now, batch); })
+      .def_property_readonly("rides", [](Handle& h) { return h.state->rides_.load(); })
+      .def_property_readonly("separate", [](Handle& h) { return h.state->separate_.load(); })
+      .def_property_readonly("blocks_made", [](Handle& h) { return h.state->blocks_made_.load(); });
+}
