@@ -176,11 +176,12 @@ def test_native_path_setting_and_failed_build(monkeypatch):
     def broken():
         raise RuntimeError("Error building extension:\nnative_step.cpp:9: fatal error: torch/extension.h: No such "
                            "file\nninja: build stopped")
+    monkeypatch.setenv("LBBSP_TORCH_NATIVE", "auto")
+    if native.mode() == "0":  # PyTorch 1.x: the C++ path is not tried unless =1
+        return
     monkeypatch.setattr(native, "_load", broken)
     monkeypatch.setattr(native, "_built", None)
     monkeypatch.setenv("LBBSP_TORCH_NATIVE", "1")
-    if native.mode() == "0":  # PyTorch 1.x: the C++ path is never tried
-        return
     built = r"LBBSP_TORCH_NATIVE=1 but the C\+\+ step path did not build: native_step.cpp:9: fatal error"
     with pytest.raises(RuntimeError, match=built):
         native.extension()

@@ -52,7 +52,7 @@ def extension() -> Any:
                 raise RuntimeError(f"LoadBalancer: LBBSP_TORCH_NATIVE=1 but the C++ step path did not build: "
                                    f"{_built[1]}") from e
             warnings.warn(f"LoadBalancer: the C++ step path did not build ({_built[1]}); the Python path runs, "
-                          "~0.3 ms more CPU a step. It needs a C++ compiler and ninja (pip install ninja); "
+                          "0.1-0.5 ms more CPU a step. It needs a C++ compiler and ninja (pip install ninja); "
                           "LBBSP_TORCH_NATIVE=0 silences this")
     return _built[0]
 
