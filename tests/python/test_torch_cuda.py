@@ -169,6 +169,8 @@ class _Rank:
             self.cycles_per_s = 10 ** 7 / (start.elapsed_time(end) / 1e3)
 
     def balancer(self, model, **kw):
+        if self.fake is not None:  # the CUDA path, whose clock replaces the host one below, not the CPU's C++ path
+            os.environ["LBBSP_TORCH_NATIVE"] = "0"
         lb = LoadBalancer(model, monitor=lambda: [1.0, 0.5, 0.0], **kw)
         if self.fake is not None:  # the model is on the host: the controller on the stand-in device's clock
             lb.clock, lb.memory = DeviceClock(self.model_device), DeviceMemory(self.model_device)

@@ -66,6 +66,9 @@ def _drain_at_exit() -> None:
         exchange.drain(quiet=True)
     if not any(exchange.broken for exchange in list(_LIVE)):
         hooks.wait_for_collectives(EXIT_WAIT_S)
+        for exchange in list(_LIVE):  # and those the C++ step path launched (held there likewise)
+            if exchange.native is not None:
+                exchange.native.wait_held(int(EXIT_WAIT_S * 1000))
 
 
 class ReportExchange:

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -182,6 +183,28 @@ class StepState : public std::enable_shared_from_this<StepState> {
     note_after_barrier(k, now, batch);
     return {backward_step_.load() == k, measured_s_.load(), pop_error(k)};
   }
+  // At exit (Python's atexit, before the interpreter goes): waits, the GIL released, until every held
+  // collective is done, at most timeout_ms in all; whether all are.
+  bool wait_held(int64_t timeout_ms) {
+    std::deque<c10::intrusive_ptr<c10d::Work>> held;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      held = held_;
+    }
+    pybind11::gil_scoped_release nogil;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (auto& work : held) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      try {
+        work->wait(left);
+      } catch (const std::exception&) {  // timed out or failed: nothing more will come of it
+        return false;
+      }
+    }
+    return true;
+  }
   std::optional<std::string> pop_error(int64_t step) {
     std::lock_guard<std::mutex> g(mu_);
     auto it = errors_.find(step);
@@ -266,7 +289,7 @@ class StepState : public std::enable_shared_from_this<StepState> {
       std::vector<at::Tensor> both{tensor, block};
       c10d::AllreduceCoalescedOptions opts;
       opts.reduceOp = c10d::ReduceOp::SUM;
-      return group->allreduce_coalesced(both, opts);
+      return hold(group->allreduce_coalesced(both, opts));
     } catch (const std::exception&) {
       std::lock_guard<std::mutex> g(mu_);
       piggybacks_ = false;
@@ -360,11 +383,22 @@ class StepState : public std::enable_shared_from_this<StepState> {
     });
   }
 
-  static c10::intrusive_ptr<c10d::Work> allreduce(const Group& group, at::Tensor& tensor) {
+  c10::intrusive_ptr<c10d::Work> allreduce(const Group& group, at::Tensor& tensor) {
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = c10d::ReduceOp::SUM;
-    return group->allreduce(tensors, opts);
+    return hold(group->allreduce(tensors, opts));
+  }
+
+  // Every collective launched here stays referenced for the last kHeld launches (as exchange.py's _retired):
+  // gloo's thread may still be finishing one after its future completed, and must not drop the last reference
+  // to it (at interpreter exit that ended the thread inside a destructor: "terminate called ...").
+  static constexpr size_t kHeld = 64;
+  c10::intrusive_ptr<c10d::Work> hold(c10::intrusive_ptr<c10d::Work> work) {
+    std::lock_guard<std::mutex> g(mu_);
+    held_.push_back(work);
+    if (held_.size() > kHeld) held_.pop_front();
+    return work;
   }
 
   // The allreduce's future, with the barrier left noted when it completes (in gloo's thread): the next window
@@ -410,6 +444,7 @@ class StepState : public std::enable_shared_from_this<StepState> {
   std::map<int64_t, Flight> flights_;
   std::map<int64_t, std::string> errors_;
   std::vector<at::Tensor> spare_;
+  std::deque<c10::intrusive_ptr<c10d::Work>> held_;
 };
 
 class Hook : public c10d::CppCommHookInterface<Group> {
@@ -470,6 +505,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("launched", [](Handle& h, int64_t step) { return h.state->launched(step); })
       .def("arrived", [](Handle& h, int64_t step) { return h.state->arrived(step); })
       .def("in_flight", [](Handle& h) { return h.state->in_flight(); })
+      .def("wait_held", [](Handle& h, int64_t timeout_ms) { return h.state->wait_held(timeout_ms); })
       .def("take",
            [](Handle& h, int64_t step, int64_t timeout_ms) { return h.state->take(step, timeout_ms); })
       .def("closed", [](Handle& h, int64_t step, double now,
