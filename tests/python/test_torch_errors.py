@@ -164,38 +164,6 @@ def _hang_worker(rank, world, store, out):
     os._exit(0)  # no destroy_process_group: the hung rank never joins
 
 
-def test_native_path_setting_and_failed_build(monkeypatch):
-    """LBBSP_TORCH_NATIVE: a bad value names the variable and its values; a C++ step path that does not build
-    warns once (naming the compiler's error) and leaves the Python path, or with =1 raises."""
-    from lbbsp.torch import native
-
-    monkeypatch.setenv("LBBSP_TORCH_NATIVE", "yes")
-    with pytest.raises(ValueError, match="LBBSP_TORCH_NATIVE must be auto, 0 or 1"):
-        native.mode()
-
-    def broken():
-        raise RuntimeError("Error building extension:\nnative_step.cpp:9: fatal error: torch/extension.h: No such "
-                           "file\nninja: build stopped")
-    monkeypatch.setenv("LBBSP_TORCH_NATIVE", "auto")
-    if native.mode() == "0":  # PyTorch 1.x: the C++ path is not tried unless =1
-        return
-    monkeypatch.setattr(native, "_load", broken)
-    monkeypatch.setattr(native, "_built", None)
-    monkeypatch.setenv("LBBSP_TORCH_NATIVE", "1")
-    built = r"LBBSP_TORCH_NATIVE=1 but the C\+\+ step path did not build: native_step.cpp:9: fatal error"
-    with pytest.raises(RuntimeError, match=built):
-        native.extension()
-    monkeypatch.setattr(native, "_built", None)
-    monkeypatch.setenv("LBBSP_TORCH_NATIVE", "auto")
-    with pytest.warns(UserWarning, match="did not build .*fatal error: torch/extension.h"):
-        assert native.extension() is None
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert native.extension() is None  # once
-    monkeypatch.setenv("LBBSP_TORCH_NATIVE", "0")
-    assert native.extension() is None
-
-
 def test_hung_rank_is_named_and_others_stop(tmp_path):
     ctx = mp.get_context(resolved_start_method())  # as spawn() does
     store = tmp_path / "store-hang"

@@ -23,8 +23,7 @@ from .exchange import ReportExchange, group_ranks
 from .loss import LossScale
 from .memory import DeviceMemory
 from .monitor import ResourceMonitor
-from .native import NativeClock
-from .report import EXO, Report, checksum, read_metrics
+from .report import EXO, Report, read_metrics
 from .sampler import BalancedBatchSampler, balanced_loader
 from .sizes import DecidedSizes, micro_split
 
@@ -137,19 +136,11 @@ class LoadBalancer:
         self.clock = DeviceClock(first.device) if on_device else HostClock()
         #: the memory figures on CUDA (lbbsp.torch.memory), None on the CPU
         self.memory = DeviceMemory(first.device) if on_device else None
-        #: the per-step path in C++ (lbbsp.torch.native) where it applies, else None (the Python path)
-        self.native = None
-        if model is not None and not self._sharded and not on_device and self.micro_batches == 1:
-            self.native = native.make(self.rank, self.world_size, self._resources or self._monitor, model,
-                                      ReportExchange.PIGGYBACK_MAX_BYTES, self._decisions.report_errors)
-        if self.native is not None:
-            self.clock = NativeClock(self.native)
-            self.exchange.native = self.native
+        self.native = native.attach(self, model)  #: the step path in C++ (lbbsp.torch.native), or None
         if self._sharded:
             fsdp.attach(self, model, check_rows=check_loss)
         elif model is not None:
             ddp.attach(self, model, check_rows=check_loss)
-        self._arm()
 
     # ---- what a training loop asks for ----
 
@@ -317,7 +308,7 @@ class LoadBalancer:
         if from_step:
             self.send_report(k, t0)
         elif self.native is not None:  # the C++ hook sent the report: its window noted there, as below
-            self._after_native_report(k, t0)
+            native.closed(self, k, t0)
         else:  # the window of step k+1 is open since step k's allreduce: what ran since was step k's work
             self.clock.note_work_after_barrier(k, t0, int(self.sizes[k][self.rank]))
             if self.memory is not None:  # the device may still run step k's optimizer: no waiting for it here
@@ -335,26 +326,9 @@ class LoadBalancer:
         self.sizes.forget_through(min(k, self._decisions.decided))  # undecided steps keep theirs to check their reports
         if from_step:
             self.clock.restart()
-        self._arm()
+        native.arm(self)
         self.timing["step_s"] += time.perf_counter() - t0
         return self.sizes[k + 1].copy()
-
-    def _arm(self) -> None:
-        """Tells the C++ hook (if any) the step its last bucket reports: its number, this rank's batch, the
-        batch vector's checksum."""
-        if self.native is not None:
-            sizes = self.sizes[self._step]
-            self.native.arm(self._step, int(sizes[self.rank]), checksum(sizes))
-
-    def _after_native_report(self, k: int, now: float) -> None:
-        """Step k's report left from the C++ hook: the work since its barrier noted (one call), then the loss
-        check the Python hook makes, the measure it sent and the error it met building the report (which travels
-        as the failed flag)."""
-        backward, self._measured_s, error = self.native.closed(k, now, int(self.sizes[k][self.rank]))
-        if backward:
-            self.loss.check_scaled(k)
-        if error is not None:
-            self._decisions.report_errors[k] = RuntimeError(error)
 
     def _decide_through(self, last: int, block: bool) -> None:
         """Decides from the reports of the steps up to ``last`` that have left (waiting for them if block)."""
@@ -395,7 +369,7 @@ class LoadBalancer:
         self._step, self._stepped = step, False
         self.loss.new_step()
         self.clock.reset()
-        self._arm()
+        native.arm(self)
 
     # ---- DataLoader ----
 

@@ -19,8 +19,9 @@ import torch
 import torch.distributed as dist
 
 from .clock import HostClock
+from .exchange import ReportExchange
 from .monitor import ResourceMonitor
-from .report import _COLUMN, read_metrics
+from .report import _COLUMN, checksum, read_metrics
 
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_step.cpp")
 _LAYOUT = ("width", "batch", "compute_s", "exo", "mem_cap", "measured_batch", "status", "checksum")
@@ -94,6 +95,43 @@ def _load() -> Any:
     with open(done, "w") as f:
         f.write(torch.__version__ + "\n")
     return module
+
+
+def attach(lb: Any, model: Any) -> Any:
+    """The C++ step path for a LoadBalancer on a host model (DDP: ddp.attach registers its hook), with its clock
+    and its report exchange; None where it does not apply (no model, FSDP2, CUDA, micro-batches, see make())."""
+    if model is None or lb._sharded or lb.clock.on_device or lb.micro_batches != 1:
+        return None
+    state = make(lb.rank, lb.world_size, lb._resources or lb._monitor, model, ReportExchange.PIGGYBACK_MAX_BYTES,
+                 lb._decisions.report_errors)
+    if state is not None:
+        lb.clock = NativeClock(state)
+        lb.exchange.native = state
+        state.arm(lb.global_step, *_batch_and_checksum(lb))
+    return state
+
+
+def arm(lb: Any) -> None:
+    """Tells the C++ hook (if any) the step its last bucket reports: its number, this rank's batch, the batch
+    vector's checksum."""
+    if lb.native is not None:
+        lb.native.arm(lb.global_step, *_batch_and_checksum(lb))
+
+
+def _batch_and_checksum(lb: Any) -> Tuple[int, float]:
+    sizes = lb.sizes[lb.global_step]
+    return int(sizes[lb.rank]), checksum(sizes)
+
+
+def closed(lb: Any, k: int, now: float) -> None:
+    """step() of step k, whose report left from the C++ hook: the work since its barrier noted (one call), then
+    the loss check the Python hook makes, the measure it sent and the error it met building the report (which
+    travels as the failed flag)."""
+    backward, lb._measured_s, error = lb.native.closed(k, now, int(lb.sizes[k][lb.rank]))
+    if backward:
+        lb.loss.check_scaled(k)
+    if error is not None:
+        lb._decisions.report_errors[k] = RuntimeError(error)
 
 
 def make(rank: int, world: int, monitor: Any, model: Any, piggyback_max_bytes: int,
