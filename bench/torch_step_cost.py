@@ -37,6 +37,7 @@ import torch_cotenant as tc  # the model and data of the co-tenant benchmark
 import lbbsp
 import lbbsp.torch.controller as controller
 import lbbsp.torch.ddp as ddp_hook
+import lbbsp.torch.native as native
 from lbbsp.torch import LoadBalancer
 
 # name: (balancer, lbbsp.torch's per-step path: "auto" its C++ one where it builds, "0" the Python one)
@@ -64,6 +65,7 @@ def profile(lb, spent):
     wrap(lb.exchange, "piggyback", "  report block")
     wrap(lb.exchange, "take", "  reports taken")
     wrap(lb._decisions, "_apply", "  decision")
+    wrap(native, "decide_step", "  usual course (one C++ call)")
     wrap(controller, "read_metrics", "  monitor")
     wrap(ddp_hook, "allreduce_sum_coalesced", "  allreduce launch")
 

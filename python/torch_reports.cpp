@@ -5,11 +5,13 @@
 // them.
 #include "python/torch_reports.hpp"
 
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -33,7 +35,7 @@ constexpr size_t kExo = balancer::kRankExo.size();
 constexpr size_t kBatch = 0, kComputeS = 1, kFirstExo = 2, kMemCap = 2 + kExo, kMeasured = 3 + kExo,
                  kStatus = 4 + kExo, kChecksum = 5 + kExo, kWidth = 6 + kExo;
 
-using Rows = nb::ndarray<const double, nb::ndim<2>, nb::device::cpu>;
+using Rows = nb::ndarray<const double, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using Sizes = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Row = nb::ndarray<const double, nb::shape<kWidth>, nb::c_contig, nb::device::cpu>;
 template <typename T>
@@ -42,9 +44,12 @@ using Block = nb::ndarray<T, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 // bits, exact in float64 and, as two 16-bit halves, in float32. Ranks that used different vectors show
 // different checksums (two vectors hash alike by a chance of 2^-32); a hash of our own keeps the wheel free
 // of zlib.
-double sizes_checksum(const Sizes& sizes) {
-  const uint64_t h = fnv1a64(sizes.data(), sizes.shape(0) * sizeof(int64_t));
+double sizes_checksum(const int64_t* sizes, size_t n) {
+  const uint64_t h = fnv1a64(sizes, n * sizeof(int64_t));
   return static_cast<double>(static_cast<uint32_t>(h ^ (h >> 32)));
+}
+double sizes_checksum(const Sizes& sizes) {
+  return sizes_checksum(sizes.data(), sizes.shape(0));
 }
 
 F64Out encode_report(int64_t batch, double compute_s, const std::vector<double>& exo, int64_t mem_cap,
@@ -92,24 +97,31 @@ F64Out read_block(Block<const T> block) {
   return owned(std::move(rows), {world, kWidth});
 }
 
+// The world's rows (world x kWidth, row-major): a summed block as read, from NumPy or from a C++ caller.
+struct RowsView {
+  const double* data;
+  size_t world;
+  double operator()(size_t i, size_t c) const { return data[i * kWidth + c]; }
+};
+
 // Whether every row is a built report (status 0) of the batch `expected` gives it, all of one batch vector
 // (checksum) and measured (a window of >= 0 samples): what the fast path decides from.
-bool usual(const Rows& rows, const Sizes& expected) {
+bool usual(RowsView rows, const int64_t* expected) {
   const double checksum = rows(0, kChecksum);
-  for (size_t i = 0; i < rows.shape(0); ++i)
+  for (size_t i = 0; i < rows.world; ++i)
     if (rows(i, kStatus) != 0 || rows(i, kChecksum) != checksum ||
-        rows(i, kBatch) != static_cast<double>(expected(i)) || rows(i, kMeasured) < 0)
+        rows(i, kBatch) != static_cast<double>(expected[i]) || rows(i, kMeasured) < 0)
       return false;
   return true;
 }
 
 // The balancer's report: each rank's measured batch and seconds, its exo figures (also as the coming step's,
 // which is all a rank knows of it), its memory cap where it gave one (0: none).
-IterationReport iteration_report(int64_t iteration, const Rows& rows) {
+IterationReport iteration_report(int64_t iteration, RowsView rows) {
   IterationReport r;
   r.iteration = iteration;
-  r.workers.resize(rows.shape(0));
-  for (size_t i = 0; i < rows.shape(0); ++i) {
+  r.workers.resize(rows.world);
+  for (size_t i = 0; i < rows.world; ++i) {
     auto& w = r.workers[i];
     w.batch = static_cast<int64_t>(rows(i, kMeasured));
     w.compute_s = rows(i, kComputeS);
@@ -119,6 +131,35 @@ IterationReport iteration_report(int64_t iteration, const Rows& rows) {
     if (rows(i, kMemCap) > 0) w.mem_cap = static_cast<int64_t>(rows(i, kMemCap));
   }
   return r;
+}
+
+// decide_from_reports as a C function, for lbbsp.torch's C++ step path (lbbsp/torch/native_step.cpp, another
+// extension, which gets its address from Balancer.c_decider()): 1 decided (`out` holds the world's sizes,
+// `checksum` theirs), 0 a row not the usual (nothing changed), -1 the decision failed (`error` says
+// "ValueError: ..." or "RuntimeError: ...", as the Python call would raise).
+int decide_rows(void* balancer, int64_t iteration, const double* rows, int64_t world, int64_t width,
+                const int64_t* expected, int64_t* out, double* checksum, char* error,
+                size_t error_len) noexcept {
+  auto fail = [&](const char* kind, const char* what) {
+    std::snprintf(error, error_len, "%s: %s", kind, what);
+    return -1;
+  };
+  if (width != static_cast<int64_t>(kWidth) || world <= 0) return fail("ValueError", "decide_rows: bad rows");
+  const RowsView view{rows, static_cast<size_t>(world)};
+  if (!usual(view, expected)) return 0;
+  try {
+    const std::vector<int64_t> sizes =
+        static_cast<Balancer*>(balancer)->next(iteration_report(iteration, view));
+    if (sizes.size() != view.world)
+      return fail("RuntimeError", "decide_rows: the balancer's vector has another size");
+    std::copy(sizes.begin(), sizes.end(), out);
+    *checksum = sizes_checksum(out, view.world);
+    return 1;
+  } catch (const std::invalid_argument& e) {
+    return fail("ValueError", e.what());
+  } catch (const std::exception& e) {
+    return fail("RuntimeError", e.what());
+  }
 }
 
 }  // namespace
@@ -137,7 +178,7 @@ void bind_torch_reports(nb::module_& m) {
   m.attr("REPORT_LAYOUT") = layout;
   m.def("encode_report", &encode_report, "batch"_a, "compute_s"_a, "exo"_a, "mem_cap"_a, "measured_batch"_a,
         "failed"_a, "sizes"_a, "A rank's report row (float64), the checksum of `sizes` in its column.");
-  m.def("sizes_checksum", &sizes_checksum, "sizes"_a,
+  m.def("sizes_checksum", nb::overload_cast<const Sizes&>(&sizes_checksum), "sizes"_a,
         "The 32-bit checksum of an int64 batch vector (FNV-1a, folded).");
   m.def("write_report_block", &write_block<float>, "block"_a, "rank"_a, "row"_a);
   m.def("write_report_block", &write_block<double>, "block"_a, "rank"_a, "row"_a,
@@ -152,13 +193,23 @@ void bind_torch_reports(nb::module_& m) {
         if (rows.shape(1) != kWidth || rows.shape(0) != expected.shape(0) || rows.shape(0) == 0)
           throw std::invalid_argument("decide_from_reports: rows must be workers x " +
                                       std::to_string(kWidth) + " and expected one size per worker");
-        if (!usual(rows, expected)) return nb::none();
-        return nb::cast(to_numpy(b.next(iteration_report(iteration, rows))));
+        const RowsView view{rows.data(), rows.shape(0)};
+        if (!usual(view, expected.data())) return nb::none();
+        return nb::cast(to_numpy(b.next(iteration_report(iteration, view))));
       },
       "balancer"_a, "iteration"_a, "rows"_a, "expected"_a,
       "Step `iteration`'s decision from the world's report rows, or None where a row is not the usual "
       "(failed, "
       "another batch vector or batch, not measured): the caller's checks then name what.");
+  m.def(
+      "report_decider",
+      [](Balancer& b) {
+        return std::pair<uintptr_t, uintptr_t>{reinterpret_cast<uintptr_t>(&decide_rows),
+                                               reinterpret_cast<uintptr_t>(&b)};
+      },
+      "balancer"_a,
+      "(decide_rows's address, the balancer's): decide_from_reports as a C function for a C++ caller that "
+      "holds the balancer alive meanwhile.");
 }
 
 }  // namespace lbbsp::python

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -155,6 +155,19 @@ class Balancer:
         if out is not None:
             self._iteration += 1
         return out
+
+    def c_decider(self) -> Tuple[int, int]:
+        """For a C++ caller (lbbsp.torch's C++ step path): (the address of a C function that does
+        :meth:`next_from_report_rows`, the address of this balancer's C++ object). Its signature is
+        ``int (void* balancer, int64_t iteration, const double* rows, int64_t workers, int64_t width,
+        const int64_t* expected, int64_t* out, double* checksum, char* error, size_t error_len)``: 1 decided
+        (then call :meth:`advance`), 0 a row not the usual (nothing changed), -1 failed (``error`` says why).
+        The caller passes :attr:`iteration` and keeps this Balancer alive while it holds the addresses."""
+        return _lbbsp.report_decider(self._impl)
+
+    def advance(self) -> None:
+        """Counts a decision made through :meth:`c_decider`'s function (the next report's index)."""
+        self._iteration += 1
 
     def predicted_speeds(self) -> np.ndarray:
         """Speeds (samples/s) predicted in the last decision, per worker; empty when the balancer has none."""

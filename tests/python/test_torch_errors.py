@@ -274,9 +274,11 @@ def test_unscaled_mean_loss_warns_once(tmp_path):
 # ---- an exception on a non-zero rank in step() ends every rank, naming it ----
 
 
-def _failing_worker(rank, world, store, out, lag):
+def _failing_worker(rank, world, store, out, lag, ddp=False):
     init(rank, world, store)
     calls = [0]
+    model = DDP(make_model()) if ddp else None  # with DDP the hook sends the reports (the C++ one on PyTorch 2.x)
+    x, y = data()
 
     def monitor():
         calls[0] += 1
@@ -284,30 +286,39 @@ def _failing_worker(rank, world, store, out, lag):
             raise OSError("sensor exploded")
         return [1.0, 0.5, 0.0]
 
-    lb = LoadBalancer(None, dataset_size=1000, global_batch=30, balancer="lbbsp-cpu", timeout_s=20,
+    lb = LoadBalancer(model, dataset_size=N, global_batch=30, balancer="lbbsp-cpu", timeout_s=20,
                       monitor=monitor, lag=lag)
     t0 = time.time()
     result = "finished"
     try:
-        for _g in range(10):
+        for g in range(10):
             lb.record_compute(1e-3)
+            if model is not None:
+                idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+                lb.scale(F.cross_entropy(model(x[idx]), y[idx])).backward()
             lb.step()
     except RuntimeError as e:
         result = str(e)
     took = time.time() - t0
     dist.barrier()  # every process stays alive until all have their answer: no rank ends by another's death
-    write_pickle(os.path.join(out, f"fail-{lag}-{rank}.pkl"), (result, took))
+    one_call = lb.native.one_call_steps if lb.native is not None else None
+    write_pickle(os.path.join(out, f"fail-{lag}-{rank}.pkl"), (result, took, one_call))
     finish()
 
 
-@pytest.mark.parametrize("lag", [0, 2])  # with lag >= 1 step 3 is decided after later steps' reports were built
-def test_error_on_nonzero_rank_ends_every_rank_naming_it(tmp_path, lag):
-    spawn(_failing_worker, 3, tmp_path, lag)
+# with lag >= 1 step 3 is decided after later steps' reports were built; with DDP (lag 0) the other ranks' one
+# call of step() (lbbsp.torch.native.decide_step) meets rank 2's failed row and leaves the rows to the Python path
+@pytest.mark.parametrize("lag, ddp", [(0, False), (2, False), (0, True)])
+def test_error_on_nonzero_rank_ends_every_rank_naming_it(tmp_path, lag, ddp):
+    spawn(_failing_worker, 3, tmp_path, lag, ddp)
     for r in range(3):
-        msg, took = read_pickle(tmp_path / f"fail-{lag}-{r}.pkl")
+        msg, took, one_call = read_pickle(tmp_path / f"fail-{lag}-{r}.pkl")
         expected = "LoadBalancer: step 3: rank 2 failed in its report: rank 2: OSError: sensor exploded"
         assert msg.startswith(expected), msg
         assert took < 20, f"rank {r} took {took:.1f} s, more than timeout_s"
+        # steps 0-2 in one call each on the C++ path, step 3 the Python way
+        native = ddp and TORCH2 and os.environ.get("LBBSP_TORCH_NATIVE", "auto") != "0"
+        assert one_call == (3 if native else None), one_call
 
 
 # ---- init_from_env keeps PyTorch's default timeout unless asked ----

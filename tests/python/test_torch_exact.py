@@ -127,7 +127,7 @@ def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, 
     np.save(os.path.join(out, f"exact-{world}-{rank}.npy"), params)
     # Which way the reports travelled, and how many piggyback buffers that took (reused once read).
     paths = {"rides": lb.exchange.rides, "gathers": lb.exchange.gathers, "buffers": lb.exchange.buffers_made,
-             "native": lb.native is not None}
+             "native": lb.native is not None, "one_call": lb.native.one_call_steps if lb.native is not None else 0}
     if compile_backend is not None:  # frames dynamo compiled (else the model ran eagerly and proved nothing)
         paths["compiled"] = torch._dynamo.utils.counters["frames"]["ok"]
     write_pickle(os.path.join(out, f"sizes-{world}-{rank}.pkl"), (sizes, paths))
@@ -153,6 +153,9 @@ def test_exact_against_one_process(tmp_path, world, piggyback, lag, path):
     got = [read_pickle(tmp_path / f"sizes-{world}-{r}.pkl") for r in range(world)]
     sizes, paths = [g[0] for g in got], [g[1] for g in got]
     assert all(p["native"] == native_expected(path) for p in paths), paths
+    # On the C++ path with lag 0 every step() took its usual course in one call (lbbsp.torch.native.decide_step).
+    one_call = steps if native_expected(path) and lag == 0 else 0
+    assert all(p["one_call"] == one_call for p in paths), paths
     # Every step's reports went the way asked: a silent fall-back to the all-gather would cost a collective.
     rides = piggyback is True
     want = {"rides": steps, "gathers": 0} if rides else {"rides": 0, "gathers": steps}

@@ -304,6 +304,8 @@ class LoadBalancer:
         failing ends the step on every rank with a RuntimeError naming the rank."""
         k = self._step
         t0 = time.perf_counter()
+        if self.native is not None and native.decide_step(self, k, t0):  # the usual course, in one C++ call
+            return self._advance(k, t0, arm=False)
         from_step = not self.exchange.launched(k)
         if from_step:
             self.send_report(k, t0)
@@ -321,12 +323,18 @@ class LoadBalancer:
             self._decide_through(k - self.lag, block=True)  # step k+1's sizes
         if self.lag:
             self._decide_through(k, block=False)
+        if from_step:
+            self.clock.restart()
+        return self._advance(k, t0, arm=True)
+
+    def _advance(self, k: int, t0: float, arm: bool) -> np.ndarray:
+        """Step k closed (its step() began at t0): the next one begins, the C++ state armed for it unless its one
+        call did that; the next one's sizes."""
         self._step, self._stepped, self._done_sizes = k + 1, True, self.sizes[k]
         self.loss.new_step()
         self.sizes.forget_through(min(k, self._decisions.decided))  # undecided steps keep theirs to check their reports
-        if from_step:
-            self.clock.restart()
-        native.arm(self)
+        if arm:
+            native.arm(self)
         self.timing["step_s"] += time.perf_counter() - t0
         return self.sizes[k + 1].copy()
 

@@ -78,14 +78,27 @@ class Decisions:
         return self._decided(j, lag, self.balancer.next_unchecked, measured.astype(np.int64), reports.compute_s,
                              x, x, mem_cap)
 
+    def decided_in_c(self, j: int, sizes: np.ndarray, waited_s: float, decide_s: float) -> None:
+        """Step j+1's sizes, decided from step j's reports in lbbsp.torch.native's one call (lag 0)."""
+        self.balancer.advance()
+        self.sizes.decide(j + 1, sizes)
+        self.decided = j
+        self._timing["wait_s"] += waited_s
+        self._timing["decide_s"] += decide_s
+
+    @staticmethod
+    def failure(j: int, lag: int, error: str) -> RuntimeError:
+        """The error when deciding from step j's reports failed (alike on every rank: raised everywhere)."""
+        return RuntimeError(f"LoadBalancer: step {j}: deciding the sizes of step {j + lag + 1} failed on every "
+                            f"rank: {error}")
+
     @staticmethod
     def _decided(j: int, lag: int, decide: Any, *args: Any) -> Any:
         """decide(*args), an error in it named with the step (the same on every rank: re-raised everywhere)."""
         try:
             return decide(*args)
         except Exception as e:
-            raise RuntimeError(f"LoadBalancer: step {j}: deciding the sizes of step {j + lag + 1} failed "
-                               f"on every rank: {type(e).__name__}: {e}") from e
+            raise Decisions.failure(j, lag, f"{type(e).__name__}: {e}") from e
 
     def _check(self, j: int, reports: Reports) -> None:
         """Every rank's report built (else every rank raises, naming the rank), from the same decided sizes, and

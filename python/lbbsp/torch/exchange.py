@@ -173,7 +173,7 @@ class ReportExchange:
             else:
                 work.wait(self.timeout)
         except RuntimeError as e:
-            raise self._failed(step, e) from None
+            raise self.failed(step, e) from None
         finally:
             self.waited_s += time.perf_counter() - t0
         if isinstance(out, list):
@@ -189,11 +189,13 @@ class ReportExchange:
         try:
             return self.native.take(step, int(self.timeout.total_seconds() * 1000))
         except RuntimeError as e:
-            raise self._failed(step, e) from None
+            raise self.failed(step, e) from None
         finally:
             self.waited_s += time.perf_counter() - t0
 
-    def _failed(self, step: int, error: RuntimeError) -> RuntimeError:
+    def failed(self, step: int, error: RuntimeError) -> RuntimeError:
+        """The error for a step whose reports did not come (the collective failed or timed out), naming the ranks
+        that do not answer."""
         first = (str(error).splitlines() or [type(error).__name__])[0]
         return RuntimeError(f"LoadBalancer: step {step}: exchanging reports failed on rank {self.ranks[self.rank]}: "
                             f"{self.missing_ranks(step)}; {first}")

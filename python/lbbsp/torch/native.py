@@ -107,20 +107,22 @@ def attach(lb: Any, model: Any) -> Any:
     if state is not None:
         lb.clock = NativeClock(state)
         lb.exchange.native = state
-        state.arm(lb.global_step, *_batch_and_checksum(lb))
+        state.decide = state.decide_function()  # decide_step's one call, a plain CPython function
+        state.arm(*_armed(lb))
     return state
 
 
 def arm(lb: Any) -> None:
-    """Tells the C++ hook (if any) the step its last bucket reports: its number, this rank's batch, the batch
-    vector's checksum."""
+    """Tells the C++ state (if any) the step its hook reports next and decide_step closes: its number, its batch
+    vector and that vector's checksum, the balancer to decide through, the reports' timeout."""
     if lb.native is not None:
-        lb.native.arm(lb.global_step, *_batch_and_checksum(lb))
+        lb.native.arm(*_armed(lb))
 
 
-def _batch_and_checksum(lb: Any) -> Tuple[int, float]:
+def _armed(lb: Any) -> Tuple[int, Any, float, int, int, int]:
     sizes = lb.sizes[lb.global_step]
-    return int(sizes[lb.rank]), checksum(sizes)
+    return (lb.global_step, sizes, checksum(sizes), *lb._decisions.balancer.c_decider(),
+            int(lb.timeout_s * 1000))
 
 
 def closed(lb: Any, k: int, now: float) -> None:
@@ -132,6 +134,29 @@ def closed(lb: Any, k: int, now: float) -> None:
         lb.loss.check_scaled(k)
     if error is not None:
         lb._decisions.report_errors[k] = RuntimeError(error)
+
+
+def decide_step(lb: Any, k: int, now: float) -> bool:
+    """step() of step k in one call where it takes its usual course (lag 0, the report sent by the C++ hook, no
+    error pending): the work since the barrier noted, every rank's rows taken, checked and decided from in C++
+    (through the balancer's C entry, lbbsp.Balancer.c_decider), step k+1 armed. False: nothing decided, step()
+    goes its general way (the rows stay for it)."""
+    decisions = lb._decisions
+    if lb.lag or decisions.decided != k - 1 or decisions.report_errors:
+        return False
+    try:
+        got = lb.native.decide(k, now, decisions.balancer.iteration)
+    except RuntimeError as e:
+        raise lb.exchange.failed(k, e) from None
+    if got is None:
+        return False
+    if isinstance(got, str):
+        raise decisions.failure(k, 0, got)
+    sizes, backward, lb._measured_s, waited = got
+    decisions.decided_in_c(k, sizes, waited, time.perf_counter() - now - waited)
+    if backward:
+        lb.loss.check_scaled(k)
+    return True
 
 
 def make(rank: int, world: int, monitor: Any, model: Any, piggyback_max_bytes: int,

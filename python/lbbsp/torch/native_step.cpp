@@ -34,6 +34,10 @@ using Group = c10::intrusive_ptr<c10d::ProcessGroup>;
 using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
 // lbbsp._lbbsp's monitor as a C function: fills [cpu_avail, mem_avail, load], 0 on success.
 using SampleFn = int (*)(void*, double*);
+// lbbsp._lbbsp's decision from the world's report rows as a C function (Balancer.c_decider()): 1 decided, 0 a
+// row not the usual, -1 failed (the error's text written).
+using DecideFn = int (*)(void*, int64_t, const double*, int64_t, int64_t, const int64_t*, int64_t*, double*,
+                         char*, size_t);
 
 using Exo = std::array<double, 3>;  // cpu_avail, mem_avail, load (RANK_EXO)
 
@@ -112,9 +116,16 @@ class StepState : public std::enable_shared_from_this<StepState> {
   }
 
   // ---- the step the next last bucket reports ----
-  void arm(int64_t step, int64_t batch, double checksum) {
+  // `sizes`: the step's batch vector, `checksum` its checksum; `decide_fn`, `balancer`: the balancer's C
+  // entry (Balancer.c_decider()) that decide_step decides through; timeout_ms: how long it waits for the
+  // reports.
+  void arm(int64_t step, std::vector<int64_t> sizes, double checksum, uintptr_t decide_fn, uintptr_t balancer,
+           int64_t timeout_ms) {
+    TORCH_CHECK(static_cast<int64_t>(sizes.size()) == world_, "native_step: arm: one size per rank");
     std::lock_guard<std::mutex> g(mu_);
-    step_ = step, batch_ = batch, checksum_ = checksum;
+    step_ = step, batch_ = sizes[rank_], checksum_ = checksum, sizes_ = std::move(sizes);
+    decide_ = reinterpret_cast<DecideFn>(decide_fn), balancer_ = reinterpret_cast<void*>(balancer);
+    timeout_ms_ = timeout_ms;
   }
   // Called with the GIL held, which guards py_monitor_.
   void detach() {
@@ -128,10 +139,11 @@ class StepState : public std::enable_shared_from_this<StepState> {
   // ---- the flights, read by Python ----
   bool launched(int64_t step) {
     std::lock_guard<std::mutex> g(mu_);
-    return flights_.count(step) > 0;
+    return flights_.count(step) > 0 || taken_.count(step) > 0;
   }
   bool arrived(int64_t step) {
     std::lock_guard<std::mutex> g(mu_);
+    if (taken_.count(step) > 0) return true;
     auto it = flights_.find(step);
     return it != flights_.end() && it->second.done->completed();
   }
@@ -139,44 +151,56 @@ class StepState : public std::enable_shared_from_this<StepState> {
     std::lock_guard<std::mutex> g(mu_);
     std::vector<int64_t> steps;
     for (const auto& [step, _] : flights_) steps.push_back(step);
+    for (const auto& [step, _] : taken_) steps.push_back(step);
+    std::sort(steps.begin(), steps.end());
     return steps;
   }
   // Every rank's report of `step` (world x width, float64), read from its summed block (as read_report_block
   // in python/torch_reports.cpp: the checksum's halves joined), waiting at most timeout_ms for it (the GIL
   // released). Raises RuntimeError with the collective's error.
   pybind11::array_t<double> take(int64_t step, int64_t timeout_ms) {
-    Flight f;
+    const std::vector<double> rows = take_rows(step, timeout_ms);
+    pybind11::array_t<double> out({world_, layout_.width});
+    std::copy(rows.begin(), rows.end(), out.mutable_data());
+    return out;
+  }
+
+  // step() of step k on its usual course, in one call (lag 0: step k's reports decide step k+1): the work
+  // since the barrier noted, the rows taken and decided from through the armed balancer's C entry, step k+1
+  // armed. (sizes of step k+1, whether backward reached the hook in step k, the seconds this rank reported,
+  // the seconds waited for the rows); a str: the decision failed (its error); None: not the usual course
+  // (step k not armed or its report not sent from here, or failed, or a row not the usual one): nothing
+  // decided, the rows kept for take().
+  pybind11::object decide_step(int64_t k, double now, int64_t iteration) {
+    std::vector<int64_t> expected;
     {
       std::lock_guard<std::mutex> g(mu_);
-      auto it = flights_.find(step);
-      TORCH_CHECK(it != flights_.end(), "native_step: no report of step ", step, " in flight");
-      f = std::move(it->second);
-      flights_.erase(it);
+      if (k != step_ || decide_ == nullptr || flights_.count(k) == 0 || errors_.count(k) > 0)
+        return pybind11::none();
+      expected = sizes_;
     }
-    if (!f.done->completed()) {  // with DDP it has completed: backward() waited for it
-      pybind11::gil_scoped_release nogil;
-      try {
-        f.work->wait(std::chrono::milliseconds(timeout_ms));
-        f.done->wait();
-      } catch (const std::exception& e) {
-        throw std::runtime_error(e.what());
-      }
-    }
-    if (f.done->hasError()) throw std::runtime_error(f.done->tryRetrieveErrorMessage());
-    pybind11::array_t<double> rows({world_, layout_.width});
-    AT_DISPATCH_FLOATING_TYPES(f.block.scalar_type(), "read_block", [&] {
-      const scalar_t* in = f.block.data_ptr<scalar_t>();
-      double* out = rows.mutable_data();
-      for (int64_t i = 0; i < world_; ++i, in += layout_.width + 1, out += layout_.width) {
-        for (int64_t c = 0; c < layout_.checksum; ++c) out[c] = static_cast<double>(in[c]);
-        out[layout_.checksum] =
-            static_cast<double>(in[layout_.checksum]) * 65536.0 + in[layout_.checksum + 1];
-      }
-    });
+    note_after_barrier(k, now, expected[rank_]);
+    const double t0 = now_s();
+    std::vector<double> rows = take_rows(k, timeout_ms_);
+    const double waited = now_s() - t0;
+    pybind11::array_t<int64_t> sizes(world_);
+    double checksum = 0;
+    std::array<char, 512> error{};
+    const int got = decide_(balancer_, iteration, rows.data(), world_, layout_.width, expected.data(),
+                            sizes.mutable_data(), &checksum, error.data(), error.size());
     std::lock_guard<std::mutex> g(mu_);
-    spare_.push_back(f.block);
-    return rows;
+    wait_s_ += waited;
+    if (got == 0) {
+      taken_[k] = std::move(rows);
+      return pybind11::none();
+    }
+    if (got != 1) return pybind11::str(error.data());
+    step_ = k + 1, sizes_.assign(sizes.data(), sizes.data() + world_), batch_ = sizes_[rank_];  // arm()
+    checksum_ = checksum;
+    ++one_call_steps_;
+    return pybind11::make_tuple(sizes, backward_step_.load() == k, measured_s_.load(), waited);
   }
+
   // step() of step k whose report left from the hook: the work since the barrier noted (note_after_barrier),
   // and (whether backward reached the hook in step k, the seconds the report carried, its error or None).
   std::tuple<bool, double, std::optional<std::string>> closed(int64_t k, double now, int64_t batch) {
@@ -247,10 +271,51 @@ class StepState : public std::enable_shared_from_this<StepState> {
   const int64_t rank_, world_;
   // read by Python between steps while gloo's and autograd's threads may still write: atomics
   std::atomic<int64_t> rides_{0}, separate_{0}, blocks_made_{0};
+  int64_t one_call_steps_ = 0;              // steps decide_step decided (Python's thread only)
   std::atomic<int64_t> backward_step_{-1};  // the step of the last backward that reached the hook
   std::atomic<double> measured_s_{std::numeric_limits<double>::quiet_NaN()};  // the last report's seconds
 
  private:
+  // take()'s rows as a flat vector: kept ones (decide_step left them) or read from the flight's block.
+  std::vector<double> take_rows(int64_t step, int64_t timeout_ms) {
+    Flight f;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (auto kept = taken_.find(step); kept != taken_.end()) {
+        std::vector<double> rows = std::move(kept->second);
+        taken_.erase(kept);
+        return rows;
+      }
+      auto it = flights_.find(step);
+      TORCH_CHECK(it != flights_.end(), "native_step: no report of step ", step, " in flight");
+      f = std::move(it->second);
+      flights_.erase(it);
+    }
+    if (!f.done->completed()) {  // with DDP it has completed: backward() waited for it
+      pybind11::gil_scoped_release nogil;
+      try {
+        f.work->wait(std::chrono::milliseconds(timeout_ms));
+        f.done->wait();
+      } catch (const std::exception& e) {
+        throw std::runtime_error(e.what());
+      }
+    }
+    if (f.done->hasError()) throw std::runtime_error(f.done->tryRetrieveErrorMessage());
+    std::vector<double> rows(world_ * layout_.width);
+    AT_DISPATCH_FLOATING_TYPES(f.block.scalar_type(), "read_block", [&] {
+      const scalar_t* in = f.block.data_ptr<scalar_t>();
+      double* out = rows.data();
+      for (int64_t i = 0; i < world_; ++i, in += layout_.width + 1, out += layout_.width) {
+        for (int64_t c = 0; c < layout_.checksum; ++c) out[c] = static_cast<double>(in[c]);
+        out[layout_.checksum] =
+            static_cast<double>(in[layout_.checksum]) * 65536.0 + in[layout_.checksum + 1];
+      }
+    });
+    std::lock_guard<std::mutex> g(mu_);
+    spare_.push_back(f.block);
+    return rows;
+  }
+
   // Step k's report into a block, and the block reduced (SUM) with the bucket: in one coalesced allreduce
   // where the bucket is float32/64 and small enough, else in an allreduce of its own after the bucket's.
   FuturePtr send(const Group& group, at::Tensor& tensor, int64_t k, double ready_s,
@@ -436,12 +501,17 @@ class StepState : public std::enable_shared_from_this<StepState> {
   // the armed step, and the last one whose report left from here
   int64_t step_ = -1, batch_ = 0, sent_step_ = -1;
   double checksum_ = 0;
+  std::vector<int64_t> sizes_;  // the armed step's batch vector
+  DecideFn decide_ = nullptr;   // the balancer's C entry, and the balancer (held alive by Python)
+  void* balancer_ = nullptr;
+  int64_t timeout_ms_ = 0;
   // the monitor: the C++ one's last figures (the hook's thread only), or a Python callable (read with the
   // GIL)
   Exo exo_{1.0, 1.0, 0.0};
   double exo_read_s_ = 0;
   bool exo_valid_ = false;
   std::map<int64_t, Flight> flights_;
+  std::map<int64_t, std::vector<double>> taken_;  // rows decide_step read and left for take()
   std::map<int64_t, std::string> errors_;
   std::vector<at::Tensor> spare_;
   std::deque<c10::intrusive_ptr<c10d::Work>> held_;
@@ -459,6 +529,38 @@ class Hook : public c10d::CppCommHookInterface<Group> {
   std::shared_ptr<StepState> state_;
 };
 
+// StepState::decide_step as a plain CPython function (METH_FASTCALL) bound to its state (a capsule):
+// decide(k, now, iteration). pybind11's dispatch of the same call cost ~30 us a step, its caches cold.
+PyObject* decide_step_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "decide(k, now, iteration) takes 3 arguments");
+    return nullptr;
+  }
+  auto* state = static_cast<std::shared_ptr<StepState>*>(PyCapsule_GetPointer(self, "lbbsp.StepState"));
+  const int64_t k = PyLong_AsLongLong(args[0]), iteration = PyLong_AsLongLong(args[2]);
+  const double now = PyFloat_AsDouble(args[1]);
+  if (state == nullptr || PyErr_Occurred()) return nullptr;
+  try {
+    return (*state)->decide_step(k, now, iteration).release().ptr();
+  } catch (pybind11::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+PyMethodDef decide_step_def{"decide",
+                            reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(decide_step_call)),
+                            METH_FASTCALL, "step() of a step on its usual course: decide(k, now, iteration)"};
+
+pybind11::object bound_decide_step(const std::shared_ptr<StepState>& state) {
+  pybind11::capsule held(new std::shared_ptr<StepState>(state), "lbbsp.StepState", [](PyObject* capsule) {
+    delete static_cast<std::shared_ptr<StepState>*>(PyCapsule_GetPointer(capsule, "lbbsp.StepState"));
+  });
+  return pybind11::reinterpret_steal<pybind11::object>(PyCFunction_New(&decide_step_def, held.ptr()));
+}
+
 // What Python holds: dropped with the LoadBalancer, it detaches the hook, which then only sums.
 struct Handle {
   std::shared_ptr<StepState> state;
@@ -470,7 +572,7 @@ struct Handle {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace py = pybind11;
-  py::class_<Handle>(m, "NativeStep")
+  py::class_<Handle>(m, "NativeStep", py::dynamic_attr())
       .def(py::init([](int64_t rank, int64_t world, const std::vector<int64_t>& layout, uintptr_t sample_fn,
                        uintptr_t monitor, double min_interval_s, int64_t piggyback_max_bytes,
                        py::object py_monitor) {
@@ -500,8 +602,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                     int64_t batch) { h.state->note_after_barrier(step, now, batch); })
       .def("measure", [](Handle& h, int64_t step, int64_t batch,
                          double now) { return h.state->measure(step, batch, now); })
-      .def("arm", [](Handle& h, int64_t step, int64_t batch,
-                     double checksum) { h.state->arm(step, batch, checksum); })
+      .def("arm",
+           [](Handle& h, int64_t step, std::vector<int64_t> sizes, double checksum, uintptr_t decide_fn,
+              uintptr_t balancer, int64_t timeout_ms) {
+             h.state->arm(step, std::move(sizes), checksum, decide_fn, balancer, timeout_ms);
+           })
+      .def("decide_function", [](Handle& h) { return bound_decide_step(h.state); })
       .def("launched", [](Handle& h, int64_t step) { return h.state->launched(step); })
       .def("arrived", [](Handle& h, int64_t step) { return h.state->arrived(step); })
       .def("in_flight", [](Handle& h) { return h.state->in_flight(); })
@@ -512,5 +618,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                         int64_t batch) { return h.state->closed(step, now, batch); })
       .def_property_readonly("rides", [](Handle& h) { return h.state->rides_.load(); })
       .def_property_readonly("separate", [](Handle& h) { return h.state->separate_.load(); })
+      .def_property_readonly("one_call_steps", [](Handle& h) { return h.state->one_call_steps_; })
       .def_property_readonly("blocks_made", [](Handle& h) { return h.state->blocks_made_.load(); });
 }
