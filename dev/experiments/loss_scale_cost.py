@@ -29,6 +29,7 @@ def variant(name: str, steps: int) -> None:
 
     sys.path.insert(0, os.path.join(HERE, "..", "..", "bench"))
     import torch_cotenant as tc
+
     from lbbsp.torch import LoadBalancer
 
     os.sched_setaffinity(0, {0})
