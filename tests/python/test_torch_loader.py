@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from harness import (
+    TORCH2,
     N,
     data,
     dump_rank,
@@ -133,7 +134,7 @@ def _h5_worker(rank, world, store, out, phase, stop):
                 break
         if lb.global_step == stop:
             break
-    result = {"lengths": lengths, "sizes": sizes}
+    result = {"lengths": lengths, "sizes": sizes, "one_call": lb.native.one_call_steps if lb.native else None}
     if phase == "first":
         if rank == 0:
             torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "lb": lb.state_dict()},
@@ -178,6 +179,10 @@ def test_h5_dataloader_workers_resume_equals_one_process(tmp_path):
     assert "an IterableDataset yields samples in its own order" in errors["iterable"], errors
     assert f"the dataset has {N - 1} samples but this LoadBalancer was built with dataset_size={N}" in \
         errors["length"], errors
+    # On the C++ step path every step() went its usual course in one call, with the lag the loader raised to and
+    # after the resume (the state re-armed by raise_lag and load_state_dict)
+    native = TORCH2 and os.environ.get("LBBSP_TORCH_NATIVE", "auto") != "0"
+    assert [(f["one_call"], g["one_call"]) for f, g in zip(first, resumed)] == [(13, 7) if native else (None, None)] * 2
     ref = one_process(20, 24, seed=4, mean=True)
     for r in range(2):
         rel = np.linalg.norm(resumed[r]["params"] - ref) / np.linalg.norm(ref)

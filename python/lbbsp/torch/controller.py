@@ -406,3 +406,4 @@ class LoadBalancer:
             return
         self.sizes.extend_to(self._step + lag)
         self.lag = lag
+        native.arm(self)

@@ -78,10 +78,10 @@ class Decisions:
         return self._decided(j, lag, self.balancer.next_unchecked, measured.astype(np.int64), reports.compute_s,
                              x, x, mem_cap)
 
-    def decided_in_c(self, j: int, sizes: np.ndarray, waited_s: float, decide_s: float) -> None:
-        """Step j+1's sizes, decided from step j's reports in lbbsp.torch.native's one call (lag 0)."""
+    def decided_in_c(self, j: int, lag: int, sizes: np.ndarray, waited_s: float, decide_s: float) -> None:
+        """Step j+lag+1's sizes, decided from step j's reports in lbbsp.torch.native's one call."""
         self.balancer.advance()
-        self.sizes.decide(j + 1, sizes)
+        self.sizes.decide(j + lag + 1, sizes)
         self.decided = j
         self._timing["wait_s"] += waited_s
         self._timing["decide_s"] += decide_s

@@ -119,9 +119,12 @@ def arm(lb: Any) -> None:
         lb.native.arm(*_armed(lb))
 
 
-def _armed(lb: Any) -> Tuple[int, Any, float, int, int, int]:
-    sizes = lb.sizes[lb.global_step]
-    return (lb.global_step, sizes, checksum(sizes), *lb._decisions.balancer.c_decider(),
+def _armed(lb: Any) -> Tuple[Any, ...]:
+    """arm()'s arguments: the step, the decided vectors from it on (its own and, with a lag, those after it) and
+    their checksums, the lag, the balancer's C entry, the timeout in ms."""
+    step = lb.global_step
+    vectors = [lb.sizes[g] for g in range(step, step + lb.lag + 1) if g in lb.sizes]
+    return (step, vectors, [checksum(v) for v in vectors], lb.lag, *lb._decisions.balancer.c_decider(),
             int(lb.timeout_s * 1000))
 
 
@@ -137,23 +140,24 @@ def closed(lb: Any, k: int, now: float) -> None:
 
 
 def decide_step(lb: Any, k: int, now: float) -> bool:
-    """step() of step k in one call where it takes its usual course (lag 0, the report sent by the C++ hook, no
-    error pending): the work since the barrier noted, every rank's rows taken, checked and decided from in C++
-    (through the balancer's C entry, lbbsp.Balancer.c_decider), step k+1 armed. False: nothing decided, step()
-    goes its general way (the rows stay for it)."""
+    """step() of step k in one call where it takes its usual course (every step before decided from, the report
+    sent by the C++ hook and, with a lag, arrived; no error pending): the work since the barrier noted, every
+    rank's rows taken, checked and decided from in C++ (through the balancer's C entry, lbbsp.Balancer.c_decider:
+    the sizes of step k+lag+1), step k+1 armed. False: nothing decided, step() goes its general way (the rows stay
+    for it)."""
     decisions = lb._decisions
-    if lb.lag or decisions.decided != k - 1 or decisions.report_errors:
+    if decisions.decided != k - 1 or decisions.report_errors:
         return False
     try:
-        got = lb.native.decide(k, now, decisions.balancer.iteration)
+        got = lb.native.decide(k, now, decisions.balancer.iteration, lb.lag)
     except RuntimeError as e:
         raise lb.exchange.failed(k, e) from None
     if got is None:
         return False
     if isinstance(got, str):
-        raise decisions.failure(k, 0, got)
+        raise decisions.failure(k, lb.lag, got)
     sizes, backward, lb._measured_s, waited = got
-    decisions.decided_in_c(k, sizes, waited, time.perf_counter() - now - waited)
+    decisions.decided_in_c(k, lb.lag, sizes, waited, time.perf_counter() - now - waited)
     if backward:
         lb.loss.check_scaled(k)
     return True

@@ -116,15 +116,23 @@ class StepState : public std::enable_shared_from_this<StepState> {
   }
 
   // ---- the step the next last bucket reports ----
-  // `sizes`: the step's batch vector, `checksum` its checksum; `decide_fn`, `balancer`: the balancer's C
-  // entry (Balancer.c_decider()) that decide_step decides through; timeout_ms: how long it waits for the
-  // reports.
-  void arm(int64_t step, std::vector<int64_t> sizes, double checksum, uintptr_t decide_fn, uintptr_t balancer,
+  // `vectors`: the decided batch vectors of steps step, step+1, ... (at least the step's own; with lag L the
+  // L after it where decided), `checksums` theirs; `decide_fn`, `balancer`: the balancer's C entry
+  // (Balancer.c_decider()) that decide_step decides through; timeout_ms: how long it waits for the reports.
+  void arm(int64_t step, const std::vector<std::vector<int64_t>>& vectors,
+           const std::vector<double>& checksums, int64_t lag, uintptr_t decide_fn, uintptr_t balancer,
            int64_t timeout_ms) {
-    TORCH_CHECK(static_cast<int64_t>(sizes.size()) == world_, "native_step: arm: one size per rank");
+    TORCH_CHECK(!vectors.empty() && vectors.size() == checksums.size(),
+                "native_step: arm: a vector, a checksum");
     std::lock_guard<std::mutex> g(mu_);
-    step_ = step, batch_ = sizes[rank_], checksum_ = checksum, sizes_ = std::move(sizes);
-    decide_ = reinterpret_cast<DecideFn>(decide_fn), balancer_ = reinterpret_cast<void*>(balancer);
+    decided_.clear();
+    for (size_t i = 0; i < vectors.size(); ++i) {
+      TORCH_CHECK(static_cast<int64_t>(vectors[i].size()) == world_, "native_step: arm: one size per rank");
+      decided_[step + static_cast<int64_t>(i)] = {vectors[i], checksums[i]};
+    }
+    arm_locked(step);
+    lag_ = lag, decide_ = reinterpret_cast<DecideFn>(decide_fn),
+    balancer_ = reinterpret_cast<void*>(balancer);
     timeout_ms_ = timeout_ms;
   }
   // Called with the GIL held, which guards py_monitor_.
@@ -165,19 +173,23 @@ class StepState : public std::enable_shared_from_this<StepState> {
     return out;
   }
 
-  // step() of step k on its usual course, in one call (lag 0: step k's reports decide step k+1): the work
-  // since the barrier noted, the rows taken and decided from through the armed balancer's C entry, step k+1
-  // armed. (sizes of step k+1, whether backward reached the hook in step k, the seconds this rank reported,
-  // the seconds waited for the rows); a str: the decision failed (its error); None: not the usual course
-  // (step k not armed or its report not sent from here, or failed, or a row not the usual one): nothing
-  // decided, the rows kept for take().
-  pybind11::object decide_step(int64_t k, double now, int64_t iteration) {
+  // step() of step k on its usual course, in one call: the work since the barrier noted, step k's rows taken
+  // and decided from through the armed balancer's C entry (the sizes of step k+lag+1), step k+1 armed.
+  // (those sizes, whether backward reached the hook in step k, the seconds this rank reported, the seconds
+  // waited for the rows); a str: the decision failed (its error); None: not the usual course (step k not
+  // armed with this lag, its report not sent from here or failed, with lag >= 1 not arrived yet, or a row not
+  // the usual one): nothing decided, the rows kept for take().
+  pybind11::object decide_step(int64_t k, double now, int64_t iteration, int64_t lag) {
     std::vector<int64_t> expected;
     {
       std::lock_guard<std::mutex> g(mu_);
-      if (k != step_ || decide_ == nullptr || flights_.count(k) == 0 || errors_.count(k) > 0)
+      auto flight = flights_.find(k);
+      const bool next_known = lag == 0 || decided_.count(k + 1) > 0;
+      if (k != step_ || lag != lag_ || decide_ == nullptr || flight == flights_.end() ||
+          errors_.count(k) > 0 || !next_known ||
+          (lag > 0 && !flight->second.done->completed()))  // with a lag step() takes what is here
         return pybind11::none();
-      expected = sizes_;
+      expected = decided_.at(k).first;
     }
     note_after_barrier(k, now, expected[rank_]);
     const double t0 = now_s();
@@ -195,8 +207,9 @@ class StepState : public std::enable_shared_from_this<StepState> {
       return pybind11::none();
     }
     if (got != 1) return pybind11::str(error.data());
-    step_ = k + 1, sizes_.assign(sizes.data(), sizes.data() + world_), batch_ = sizes_[rank_];  // arm()
-    checksum_ = checksum;
+    decided_[k + lag + 1] = {std::vector<int64_t>(sizes.data(), sizes.data() + world_), checksum};
+    decided_.erase(k);
+    arm_locked(k + 1);
     ++one_call_steps_;
     return pybind11::make_tuple(sizes, backward_step_.load() == k, measured_s_.load(), waited);
   }
@@ -276,6 +289,12 @@ class StepState : public std::enable_shared_from_this<StepState> {
   std::atomic<double> measured_s_{std::numeric_limits<double>::quiet_NaN()};  // the last report's seconds
 
  private:
+  // The step the hook reports next, from its decided vector.
+  void arm_locked(int64_t step) {
+    const auto& [sizes, checksum] = decided_.at(step);
+    step_ = step, batch_ = sizes[rank_], checksum_ = checksum;
+  }
+
   // take()'s rows as a flat vector: kept ones (decide_step left them) or read from the flight's block.
   std::vector<double> take_rows(int64_t step, int64_t timeout_ms) {
     Flight f;
@@ -501,8 +520,10 @@ class StepState : public std::enable_shared_from_this<StepState> {
   // the armed step, and the last one whose report left from here
   int64_t step_ = -1, batch_ = 0, sent_step_ = -1;
   double checksum_ = 0;
-  std::vector<int64_t> sizes_;  // the armed step's batch vector
-  DecideFn decide_ = nullptr;   // the balancer's C entry, and the balancer (held alive by Python)
+  // the decided batch vectors (and checksums) of the armed step and the lag steps after it
+  std::map<int64_t, std::pair<std::vector<int64_t>, double>> decided_;
+  int64_t lag_ = 0;
+  DecideFn decide_ = nullptr;  // the balancer's C entry, and the balancer (held alive by Python)
   void* balancer_ = nullptr;
   int64_t timeout_ms_ = 0;
   // the monitor: the C++ one's last figures (the hook's thread only), or a Python callable (read with the
@@ -530,18 +551,19 @@ class Hook : public c10d::CppCommHookInterface<Group> {
 };
 
 // StepState::decide_step as a plain CPython function (METH_FASTCALL) bound to its state (a capsule):
-// decide(k, now, iteration). pybind11's dispatch of the same call cost ~30 us a step, its caches cold.
+// decide(k, now, iteration, lag). pybind11's dispatch of the same call cost ~30 us a step, its caches cold.
 PyObject* decide_step_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3) {
-    PyErr_SetString(PyExc_TypeError, "decide(k, now, iteration) takes 3 arguments");
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "decide(k, now, iteration, lag) takes 4 arguments");
     return nullptr;
   }
   auto* state = static_cast<std::shared_ptr<StepState>*>(PyCapsule_GetPointer(self, "lbbsp.StepState"));
-  const int64_t k = PyLong_AsLongLong(args[0]), iteration = PyLong_AsLongLong(args[2]);
+  const int64_t k = PyLong_AsLongLong(args[0]), iteration = PyLong_AsLongLong(args[2]),
+                lag = PyLong_AsLongLong(args[3]);
   const double now = PyFloat_AsDouble(args[1]);
   if (state == nullptr || PyErr_Occurred()) return nullptr;
   try {
-    return (*state)->decide_step(k, now, iteration).release().ptr();
+    return (*state)->decide_step(k, now, iteration, lag).release().ptr();
   } catch (pybind11::error_already_set& e) {
     e.restore();
   } catch (const std::exception& e) {
@@ -550,9 +572,9 @@ PyObject* decide_step_call(PyObject* self, PyObject* const* args, Py_ssize_t nar
   return nullptr;
 }
 
-PyMethodDef decide_step_def{"decide",
-                            reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(decide_step_call)),
-                            METH_FASTCALL, "step() of a step on its usual course: decide(k, now, iteration)"};
+PyMethodDef decide_step_def{
+    "decide", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(decide_step_call)), METH_FASTCALL,
+    "step() of a step on its usual course: decide(k, now, iteration, lag)"};
 
 pybind11::object bound_decide_step(const std::shared_ptr<StepState>& state) {
   pybind11::capsule held(new std::shared_ptr<StepState>(state), "lbbsp.StepState", [](PyObject* capsule) {
@@ -603,9 +625,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("measure", [](Handle& h, int64_t step, int64_t batch,
                          double now) { return h.state->measure(step, batch, now); })
       .def("arm",
-           [](Handle& h, int64_t step, std::vector<int64_t> sizes, double checksum, uintptr_t decide_fn,
-              uintptr_t balancer, int64_t timeout_ms) {
-             h.state->arm(step, std::move(sizes), checksum, decide_fn, balancer, timeout_ms);
+           [](Handle& h, int64_t step, const std::vector<std::vector<int64_t>>& vectors,
+              const std::vector<double>& checksums, int64_t lag, uintptr_t decide_fn, uintptr_t balancer,
+              int64_t timeout_ms) {
+             h.state->arm(step, vectors, checksums, lag, decide_fn, balancer, timeout_ms);
            })
       .def("decide_function", [](Handle& h) { return bound_decide_step(h.state); })
       .def("launched", [](Handle& h, int64_t step) { return h.state->launched(step); })
