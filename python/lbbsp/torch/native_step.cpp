@@ -60,7 +60,7 @@ struct Flight {
 };
 
 // What the hook and Python share, under one lock: the step clock (HostClock's), the armed step, the flights.
-class StepState : public std::enable_shared_from_this<StepState> {
+class StepState {
  public:
   StepState(int64_t rank, int64_t world, Layout layout, uintptr_t sample_fn, uintptr_t monitor,
             double min_interval_s, int64_t piggyback_max_bytes)
@@ -487,18 +487,18 @@ class StepState : public std::enable_shared_from_this<StepState> {
 
   // The allreduce's future, with the barrier left noted when it completes (in gloo's thread): the next window
   // opens (sends), or a second backward's wait is added.
+  // The callback holds no reference: the state is never destroyed (kept()), so no thread of gloo's ever drops
+  // the last reference to it and runs its destructor (and its held collectives') while the interpreter exits.
   FuturePtr then_left_barrier(const c10::intrusive_ptr<c10d::Work>& work, bool sends, double ready_s) {
-    std::weak_ptr<StepState> me = weak_from_this();
+    StepState* state = this;
     FuturePtr future = work->getFuture();
     return future->then(
-        [me, sends, ready_s](c10::ivalue::Future& f) -> c10::IValue {
-          if (auto state = me.lock()) {
-            std::lock_guard<std::mutex> g(state->mu_);
-            if (sends) {
-              state->restart_locked(now_s());
-            } else {
-              state->wait_s_ += now_s() - ready_s;
-            }
+        [state, sends, ready_s](c10::ivalue::Future& f) -> c10::IValue {
+          std::lock_guard<std::mutex> g(state->mu_);
+          if (sends) {
+            state->restart_locked(now_s());
+          } else {
+            state->wait_s_ += now_s() - ready_s;
           }
           return f.value();  // the reducer takes the first tensor: the bucket
         },
@@ -537,6 +537,16 @@ class StepState : public std::enable_shared_from_this<StepState> {
   std::vector<at::Tensor> spare_;
   std::deque<c10::intrusive_ptr<c10d::Work>> held_;
 };
+
+// Every state made, never destroyed (a leak of one small object per LoadBalancer, its last 64 collectives
+// included): the hook's callbacks run on gloo's threads up to the interpreter's exit and point at it.
+std::shared_ptr<StepState> kept(std::shared_ptr<StepState> state) {
+  static std::mutex mu;
+  static auto* states = new std::vector<std::shared_ptr<StepState>>();
+  std::lock_guard<std::mutex> g(mu);
+  states->push_back(state);
+  return state;
+}
 
 class Hook : public c10d::CppCommHookInterface<Group> {
  public:
@@ -600,8 +610,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                        py::object py_monitor) {
              TORCH_CHECK(layout.size() == 8, "native_step: the layout has 8 columns");
              Layout l{layout[0], layout[1], layout[2], layout[3], layout[4], layout[5], layout[6], layout[7]};
-             auto state = std::make_shared<StepState>(rank, world, l, sample_fn, monitor, min_interval_s,
-                                                      piggyback_max_bytes);
+             auto state = kept(std::make_shared<StepState>(rank, world, l, sample_fn, monitor, min_interval_s,
+                                                           piggyback_max_bytes));
              if (!py_monitor.is_none()) state->py_monitor_ = py_monitor.ptr();
              return std::unique_ptr<Handle>(new Handle{state, py_monitor});
            }),
