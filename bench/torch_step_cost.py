@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark (not a test): what lbbsp.torch costs a step against plain DDP, on 2 gloo ranks pinned one per core.
 
-    python3 bench/torch_step_cost.py [--rounds 3] [--steps 300] [--profile]
+    python3 bench/torch_step_cost.py [--rounds 3] [--steps 300] [--profile] [--lag L]
 
 The co-tenant benchmark's CNN (bench/torch_cotenant.py), global batch 128, no co-tenant. In each round the same two
 processes hold three DDP models and take their steps in turn (a step of each, then again), so that the machine's
@@ -13,6 +13,7 @@ lb.untimed(), outside each LoadBalancer's windows. Per runner: the mean step (wa
 lb.step()) and CPU a step (process time of the rank, gloo's threads included), steps after the first 50, and the
 difference to plain DDP's; medians over rounds. --profile: rank 0's CPU (this thread's) in each lbbsp.torch function
 of the per-step path (lbbsp-cpu alone), in us a step, from wrappers around them (a few us each): where the cost is.
+--lag L: the LoadBalancers decide L steps ahead (what a DataLoader with workers needs).
 """
 import argparse
 import collections
@@ -73,7 +74,7 @@ def profile(lb, spent):
 class Runner:
     """One DDP model, plain or with a LoadBalancer, and its steps' wall and CPU seconds."""
 
-    def __init__(self, name, world, x, y, do_profile):
+    def __init__(self, name, world, x, y, do_profile, lag):
         self.name, self.x, self.y, self.world = name, x, y, world
         self.model = DDP(tc.make_model())
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
@@ -81,7 +82,8 @@ class Runner:
         if RUNNERS[name]:
             balancer, path = RUNNERS[name]
             os.environ["LBBSP_TORCH_NATIVE"] = path  # read when the LoadBalancer is built
-            self.lb = LoadBalancer(self.model, dataset_size=len(x), global_batch=tc.X, balancer=balancer)
+            self.lb = LoadBalancer(self.model, dataset_size=len(x), global_batch=tc.X, balancer=balancer,
+                                   lag=lag)
             if do_profile:
                 profile(self.lb, self.spent)
         self.equal = np.full(world, tc.X // world, dtype=np.int64)
@@ -109,13 +111,13 @@ class Runner:
         self.cpu.append(time.process_time() - c)
 
 
-def rank_main(rank, world, port, names, steps, do_profile, out):
+def rank_main(rank, world, port, names, steps, do_profile, lag, out):
     os.sched_setaffinity(0, {rank})
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     x, y = tc.data()
-    runners = [Runner(n, world, x, y, do_profile) for n in names]
+    runners = [Runner(n, world, x, y, do_profile, lag) for n in names]
     for k in range(steps):
         if k == WARMUP:
             for r in runners:
@@ -139,10 +141,10 @@ def rank_main(rank, world, port, names, steps, do_profile, out):
     dist.destroy_process_group()
 
 
-def run(names, steps, do_profile):
+def run(names, steps, do_profile, lag):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
-        mp.spawn(rank_main, args=(2, tc.free_port(), names, steps, do_profile, out), nprocs=2)
+        mp.spawn(rank_main, args=(2, tc.free_port(), names, steps, do_profile, lag, out), nprocs=2)
         with open(out) as f:
             return json.load(f)
 
@@ -152,18 +154,19 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--profile", action="store_true", help="rank 0's CPU in lbbsp.torch's functions (lbbsp runner)")
+    ap.add_argument("--lag", type=int, default=0, help="the LoadBalancers' lag (steps decided ahead)")
     a = ap.parse_args()
     if a.steps <= WARMUP:
         sys.exit(f"torch_step_cost.py: --steps must exceed the {WARMUP} warm-up steps, got {a.steps}")
     if a.profile:
-        got = run(["lbbsp"], a.steps, True)["lbbsp"]
+        got = run(["lbbsp"], a.steps, True, a.lag)["lbbsp"]
         print(f"rank 0's CPU in lbbsp.torch a step (thread time, us), lbbsp-cpu, {a.steps - WARMUP} steps:")
         for name, us in sorted(got["profile_us"].items(), key=lambda kv: -kv[1]):
             print(f"  {name:28s} {us:7.1f}")
         return
     rounds = []
     for r in range(a.rounds):
-        rounds.append(run(list(RUNNERS), a.steps, False))
+        rounds.append(run(list(RUNNERS), a.steps, False, a.lag))
         print(f"round {r + 1}: " + ", ".join(f"{n} {1e3 * rounds[-1][n]['step_s']:.2f} ms" for n in RUNNERS),
               flush=True)
     print(f"\n{a.rounds} rounds of {a.steps} steps of each runner, in turn (the first {WARMUP} left out), 2 ranks "
