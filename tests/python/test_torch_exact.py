@@ -153,8 +153,7 @@ def test_exact_against_one_process(tmp_path, world, piggyback, lag, path):
     got = [read_pickle(tmp_path / f"sizes-{world}-{r}.pkl") for r in range(world)]
     sizes, paths = [g[0] for g in got], [g[1] for g in got]
     assert all(p["native"] == native_expected(path) for p in paths), paths
-    # On the C++ path every step() took its usual course in one call (lbbsp.torch.native.decide_step), with lag 2
-    # too: with DDP each step's reports have arrived when its step() runs.
+    # On the C++ path every step() went its usual course in one call (native.decide_step), with lag 2 too.
     one_call = steps if native_expected(path) else 0
     assert all(p["one_call"] == one_call for p in paths), paths
     # Every step's reports went the way asked: a silent fall-back to the all-gather would cost a collective.

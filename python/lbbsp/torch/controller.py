@@ -328,8 +328,7 @@ class LoadBalancer:
         return self._advance(k, t0, arm=True)
 
     def _advance(self, k: int, t0: float, arm: bool) -> np.ndarray:
-        """Step k closed (its step() began at t0): the next one begins, the C++ state armed for it unless its one
-        call did that; the next one's sizes."""
+        """Step k closed (step() began at t0): the next begins (the C++ state armed unless the one call did)."""
         self._step, self._stepped, self._done_sizes = k + 1, True, self.sizes[k]
         self.loss.new_step()
         self.sizes.forget_through(min(k, self._decisions.decided))  # undecided steps keep theirs to check their reports
