@@ -120,7 +120,13 @@ PY
 # id, SLURM_RESTART_COUNT=1, folder train-JOBID-restart1) resumes from the checkpoint and finishes the run.
 rq=("${long_run[@]}" EPOCHS=1000 CHECKPOINT_DIR="$SCRATCH/ckpt_rq" REQUEUE=1 MAX_ITERATIONS=200
   TRAIN_ARGS="--progress-every 1" STRAGGLE="static:1;gpu=0.05:1000000:0:1000000")
-job_rq=$(cd "$SCRATCH" && env "${rq[@]}" \
+# Slurm ends a job it requeues with SIGTERM, usually after the batch shell has exited; when the shell still ran
+# (once in CI) it recorded exit 143. An scontrol that sends the shell SIGTERM after the requeue makes that certain.
+mkdir -p "$SCRATCH/rqbin"
+printf '#!/bin/sh\n%q "$@" || exit\n[ "$1" != requeue ] || kill -TERM "$PPID"\n' "$(command -v scontrol)" \
+  >"$SCRATCH/rqbin/scontrol"
+chmod +x "$SCRATCH/rqbin/scontrol"
+job_rq=$(cd "$SCRATCH" && env "${rq[@]}" PATH="$SCRATCH/rqbin:$PATH" \
   timeout 30 sbatch --parsable --requeue -J lbbsp-requeue -n 2 --overcommit -t 5 -o "$SCRATCH/job-requeue-%j.out" \
   "$SRC/scripts/slurm/train.sbatch") || fail "sbatch (REQUEUE variant) refused the job"
 first=$SCRATCH/results/train-$job_rq
