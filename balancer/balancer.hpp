@@ -3,6 +3,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -85,6 +86,13 @@ class Balancer {
 
 // Throws std::invalid_argument naming the bad name or value.
 std::unique_ptr<Balancer> make_balancer(const BalancerConfig& cfg);
+// A kind of one's own (a benchmark's peer, a policy of one's own): make_balancer() then builds it for the
+// specs KIND and KIND:ARGS, handing the factory the text after the colon ("" without). Register before the
+// first make_balancer() (a static initialiser of the program); a built-in kind or a kind registered twice
+// throws.
+using BalancerFactory =
+    std::function<std::unique_ptr<Balancer>(const BalancerConfig&, const std::string& args)>;
+void register_balancer(const std::string& kind, BalancerFactory factory);
 // The kinds make_balancer() knows (static:K, random:SEED, lbbsp-cpu:PREDICTOR, lbbsp-gpu:W take arguments):
 // the one list (the Python package reads it).
 const std::vector<std::string>& balancer_kinds();

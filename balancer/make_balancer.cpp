@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -76,7 +77,27 @@ void check_config(const BalancerConfig& cfg) {
                                 std::to_string(cfg.workers) + " workers");
 }
 
+std::map<std::string, BalancerFactory>& registered() {
+  static std::map<std::string, BalancerFactory> kinds;
+  return kinds;
+}
+
+std::string valid_balancers() {
+  std::string valid = kValidBalancers;
+  for (const auto& [kind, factory] : registered()) valid += ", " + kind + "[:ARGS]";
+  return valid;
+}
+
 }  // namespace
+
+void register_balancer(const std::string& kind, BalancerFactory factory) {
+  const auto& kinds = balancer_kinds();
+  if (kind.empty() || kind.find_first_of(":;") != std::string::npos)
+    throw std::invalid_argument("register_balancer: a kind is a name without ':' or ';', got '" + kind + "'");
+  if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end() || registered().count(kind))
+    throw std::invalid_argument("register_balancer: the balancer kind '" + kind + "' exists already");
+  registered()[kind] = std::move(factory);
+}
 
 const std::vector<std::string>& balancer_kinds() {
   static const std::vector<std::string> kinds = {"bsp",       "static",          "random", "lbbsp-cpu",
@@ -86,9 +107,14 @@ const std::vector<std::string>& balancer_kinds() {
 
 std::unique_ptr<Balancer> make_balancer(const BalancerConfig& cfg) {
   check_config(cfg);
-  const spec::Spec spec(cfg.name, "balancer", kValidBalancers);
+  const std::string valid = valid_balancers();
+  const spec::Spec spec(cfg.name, "balancer", valid);
   const std::string& kind = spec.kind();
   const auto& kinds = balancer_kinds();
+  if (const auto own = registered().find(kind); own != registered().end()) {
+    spec.expect_no_options();
+    return own->second(cfg, spec.has_args() ? spec.args() : "");
+  }
   if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
     spec.fail("unknown balancer '" + cfg.name + "'");
   if (kind != "lbbsp-cpu") spec.expect_no_options();

@@ -3,18 +3,26 @@
 
 Two MPI ranks bound to cores 0 and 1 (`mpirun --bind-to core --map-by core`), the CNN on a synthetic 28x28 set
 (`lbbsp data synth`), global batch --batch. A co-tenant process pinned to core 1 (bench/cotenants.py: steady,
-onoff, trace, membw, none) takes rank 1's CPU. Runners, each a fresh run under the same co-tenant, in rotating
-order over --repeats rounds:
+onoff, trace, membw, none) takes rank 1's CPU. Runners (--runners), each a fresh run under the same co-tenant, in
+rotating order over --repeats rounds:
 
-    bsp     the equal split (plain BSP)
-    lbbsp   --balancer lbbsp-cpu --predictor narx
+    bsp        the equal split (plain BSP)
+    lbbsp      --balancer lbbsp-cpu --predictor narx
+    omnilearn  OmniLearn's controller (TPDS 2025) as its paper gives it: every 20 iterations each worker moves its
+               batch by -(b/t)(t - mean t), 5% dead band
+    naive      what a user would write: sizes proportional to the measured speeds, smoothed (EMA 0.5), every
+               iteration
+The peers (omnilearn, naive) are benchmark code, not the product: bench/train_peers.cpp registers them as balancer
+kinds of `build/bench/lbbsp_peers` (the `lbbsp` command with them; --peers), the same two as
+bench/torch_cotenant.py's.
 
 The ideal comes from the bsp runs' telemetry: each iteration's per-rank compute time at its batch gives each rank's
 speed under its co-tenant; the ideal iteration computes X / (sum of the speeds) where bsp computes the slowest rank's
 time, so ideal speed-up = mean(max_r compute_r) / mean(X / sum_r speed_r) (communication not counted).
 
 Prints a Markdown table (mean iteration after warm-up, min-max over rounds; speed-up over bsp; fraction of the ideal
-speed-up; rank 1's mean share).
+speed-up; how far the slower rank computed above the oracle split of the run's own speeds, in ms: how well the runner
+tracks, apart from what the co-tenant did in its runs; rank 1's mean share).
 
     python3 bench/train_cotenant.py --scenario steady --repeats 3 --out results/train-cotenant
 """
@@ -32,7 +40,9 @@ import cotenants  # bench/cotenants.py
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNNERS = {"bsp": ["--balancer", "bsp"], "lbbsp": ["--balancer", "lbbsp-cpu", "--predictor", "narx"]}
+RUNNERS = {"bsp": ["--balancer", "bsp"], "lbbsp": ["--balancer", "lbbsp-cpu", "--predictor", "narx"],
+           "omnilearn": ["--balancer", "omnilearn"], "naive": ["--balancer", "naive"]}
+PEERS = ("omnilearn", "naive")  # balancer kinds of lbbsp_peers only
 
 
 def dataset(args: argparse.Namespace) -> Path:
@@ -45,7 +55,8 @@ def dataset(args: argparse.Namespace) -> Path:
 
 def train(args: argparse.Namespace, runner: str, data: Path, tag: str) -> dict:
     log = Path(args.out) / tag
-    cmd = [args.mpirun, "-n", "2", "--bind-to", "core", "--map-by", "core", args.lbbsp, "train", "--data", str(data),
+    binary = args.peers if runner in PEERS else args.lbbsp
+    cmd = [args.mpirun, "-n", "2", "--bind-to", "core", "--map-by", "core", binary, "train", "--data", str(data),
            "--model", "cnn", "--global-batch", str(args.batch), "--max-iterations", str(args.iterations),
            "--eval-every", "0", "--quiet", "--log-dir", str(log), "--csv", "--summary-json", str(log / "summary.json"),
            *RUNNERS[runner]]
@@ -78,14 +89,15 @@ def summarise(telemetry: Path, warmup: int, batch: int) -> dict:
 def table(results: dict) -> str:
     base = np.mean([r["iteration"] for r in results["bsp"]])
     ideal = np.mean([r["slowest"] / r["ideal"] for r in results["bsp"]])
-    rows = ["| runner | mean iteration ms (min-max) | vs bsp | of ideal | rank 1's share |",
-            "|---|---:|---:|---:|---:|"]
+    rows = ["| runner | mean iteration ms (min-max) | vs bsp | of ideal | slower rank above own oracle, ms "
+            "| rank 1's share |", "|---|---:|---:|---:|---:|---:|"]
     for name, runs in results.items():
         ms = [r["iteration"] * 1e3 for r in runs]
         speedup = base * 1e3 / np.mean(ms)
         of_ideal = (speedup - 1) / (ideal - 1) if ideal > 1.01 else math.nan
+        above = np.mean([(r["slowest"] - r["ideal"]) * 1e3 for r in runs])
         rows.append(f"| {name} | {np.mean(ms):.1f} ({min(ms):.1f}-{max(ms):.1f}) | {speedup:.2f}x | {of_ideal:.2f} | "
-                    f"{np.mean([r['share1'] for r in runs]):.1f} |")
+                    f"{above:.1f} | {np.mean([r['share1'] for r in runs]):.1f} |")
     return "\n".join(rows) + f"\n\nideal speed-up over bsp: {ideal:.2f}x"
 
 
@@ -99,15 +111,24 @@ def main() -> None:
     p.add_argument("--period", type=float, default=1.5, help="onoff: seconds on, then off")
     p.add_argument("--tick", type=float, default=0.5, help="trace: seconds a trace sample lasts")
     p.add_argument("--lbbsp", default=str(ROOT / "build" / "lbbsp"))
+    p.add_argument("--peers", default=str(ROOT / "build" / "bench" / "lbbsp_peers"),
+                   help="the lbbsp command with the peers' balancer kinds (bench/train_peers.cpp)")
+    p.add_argument("--runners", default=",".join(RUNNERS), help="comma-separated, from: " + ", ".join(RUNNERS))
     p.add_argument("--mpirun", default=os.environ.get("MPIEXEC", "mpirun"))
     p.add_argument("--out", default="results/train-cotenant")
     args = p.parse_args()
+    names = args.runners.split(",")
+    if "bsp" not in names or not set(names) <= set(RUNNERS):
+        p.error(f"--runners {args.runners!r}: a comma-separated list from {', '.join(RUNNERS)}, bsp among them "
+                "(the baseline)")
+    if set(names) & set(PEERS) and not os.access(args.peers, os.X_OK):
+        p.error(f"--peers {args.peers}: no such program; build it (cmake --build build --target lbbsp_peers)")
     os.makedirs(args.out, exist_ok=True)
     data = dataset(args)
-    results: dict = {name: [] for name in RUNNERS}
-    names = list(RUNNERS)
+    results: dict = {name: [] for name in names}
     for round_ in range(args.repeats):
-        for name in names[round_ % 2:] + names[:round_ % 2]:
+        turn = round_ % len(names)
+        for name in names[turn:] + names[:turn]:
             results[name].append(train(args, name, data, f"{args.scenario}-{name}-{round_}"))
             print(f"round {round_} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
     print(f"lbbsp train, co-tenant {args.scenario}, 2 ranks bound to cores 0 and 1, CNN, batch {args.batch}, "
