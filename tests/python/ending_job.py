@@ -20,6 +20,7 @@ ENDING (what the worker does after its last step):
 FRAMEWORK: torch (a plain loop), lightning (Trainer.fit with LoadBalancedDDP), accelerate (lbbsp.accelerate.prepare).
 """
 
+import faulthandler
 import gc
 import importlib
 import os
@@ -29,6 +30,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+# An abort at exit prints every Python thread's stack (into the rank's log): which step of the interpreter's exit
+# it met, for the failure message of test_endings.py.
+faulthandler.enable(all_threads=True)
 STEPS, GLOBAL_BATCH, N, DIM = 6, 32, 512, 16
 KEPT = []  # the "global" ending's LoadBalancers: alive until the interpreter exits
 

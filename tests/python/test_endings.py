@@ -41,7 +41,7 @@ def what_went_wrong(folder, codes, expected):
     """The logs of the ranks that did not exit as expected (their last lines), for the failure message."""
     logs = sorted(Path(folder).glob("*.log"))
     bad = [log for log, code in zip(logs, codes) if code != expected]
-    return "\n".join(f"--- {log.name}:\n" + "\n".join(log.read_text().splitlines()[-8:]) for log in bad[:3])
+    return "\n".join(f"--- {log.name}:\n" + "\n".join(log.read_text().splitlines()[-40:]) for log in bad[:3])
 
 
 def assert_forked_jobs_exit(tmp_path, jobs, ending, framework="torch", world=2):
@@ -95,7 +95,7 @@ def assert_launched_jobs_exit(tmp_path, cmd, jobs, env=None):
         folder.mkdir()
         result = run(cmd(folder), folder, env)
         if result.returncode != 0 or "terminate called" in result.stderr + result.stdout:
-            failed.append(f"job {job}: exit {result.returncode}:\n{(result.stdout + result.stderr)[-1500:]}")
+            failed.append(f"job {job}: exit {result.returncode}:\n{(result.stdout + result.stderr)[-5000:]}")
     assert not failed, f"{len(failed)} of {jobs} jobs failed; the first:\n{failed[0]}"
 
 
