@@ -50,6 +50,7 @@ import time
 
 import cotenants  # bench/cotenants.py: the co-tenant processes
 import numpy as np
+import oracle_split  # bench/oracle_split.py: the oracle and causal splits of measured speeds
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -253,28 +254,8 @@ def summarise(rec, warmup):
     oracle = X / speeds.sum(axis=0)  # each step's slower rank at the oracle split of its speeds
     s["saved_ms"] = 1e3 * float((t.max(axis=0) - oracle).mean())
     s["over_oracle_ms"] = 1e3 * float((steps - oracle).mean())
-    s["causal_ms"] = 1e3 * min(above_oracle(speeds, p) for p in causal_predictions(speeds))
+    s["causal_ms"] = 1e3 * oracle_split.causal_above_oracle(speeds, X)
     return s
-
-
-def causal_predictions(speeds):
-    """What a controller deciding step t from the steps before it could know: each rank's speed of the last
-    step, and EMAs of the speeds (weights 0.3, 0.5, 0.7 on the newest), as ranks x steps arrays for steps 1..."""
-    yield speeds[:, :-1]
-    for w in (0.3, 0.5, 0.7):
-        ema, out = speeds[:, 0], [speeds[:, 0]]
-        for k in range(1, speeds.shape[1] - 1):
-            ema = (1 - w) * ema + w * speeds[:, k]
-            out.append(ema)
-        yield np.array(out).T
-
-
-def above_oracle(speeds, predicted):
-    """Mean seconds a step's slower rank computes above the oracle split when each step t >= 1 is split in
-    proportion to ``predicted`` (made before it), the ranks at their measured speeds of that step."""
-    s = speeds[:, 1:]
-    b = X * predicted / predicted.sum(axis=0)
-    return float(((b / s).max(axis=0) - X / s.sum(axis=0)).mean())
 
 
 def table(results, a):
