@@ -58,14 +58,15 @@ class PeerBase : public Balancer {
     sizes_ = largest_remainder(std::vector<double>(static_cast<size_t>(cfg.workers), 1.0), cfg.global_batch);
   }
   std::vector<int64_t> initial() override { return sizes_; }
-  std::string save_state() const override {
-    throw std::runtime_error(name() +
-                             ": a benchmark peer keeps no checkpoint (run without --checkpoint-dir)");
-  }
-  void load_state(const std::string&) override { save_state(); }
+  std::string save_state() const override { throw no_checkpoint(); }
+  void load_state(const std::string&) override { throw no_checkpoint(); }
 
  protected:
   static std::string name_of(const BalancerConfig& cfg) { return cfg.name.substr(0, cfg.name.find(':')); }
+  std::runtime_error no_checkpoint() const {
+    return std::runtime_error(name() +
+                              ": a benchmark peer keeps no checkpoint (run without --checkpoint-dir)");
+  }
   BalancerConfig cfg_;
   std::vector<int64_t> sizes_;
 };

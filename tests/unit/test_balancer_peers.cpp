@@ -62,7 +62,8 @@ TEST(OmniLearnPeer, HoldsItsSplitForAWindowThenMovesByTheTimeDifference) {
   EXPECT_EQ(batch, (std::vector<int64_t>{100, 200}));
   for (size_t t = 20; t < 40; ++t) batch = b->next(c.report(t, batch));  // balanced: inside the 5% dead band
   EXPECT_EQ(batch, (std::vector<int64_t>{100, 200}));
-  EXPECT_THROW(b->save_state(), std::runtime_error);
+  EXPECT_THROW(b->save_state(), std::runtime_error);  // no checkpoints: a benchmark runs without them
+  EXPECT_THROW(b->load_state(""), std::runtime_error);
 }
 
 TEST(NaivePeer, SplitsByTheSmoothedMeasuredSpeedsEveryIteration) {
