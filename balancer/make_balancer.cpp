@@ -96,6 +96,7 @@ void register_balancer(const std::string& kind, BalancerFactory factory) {
     throw std::invalid_argument("register_balancer: a kind is a name without ':' or ';', got '" + kind + "'");
   if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end() || registered().count(kind))
     throw std::invalid_argument("register_balancer: the balancer kind '" + kind + "' exists already");
+  if (!factory) throw std::invalid_argument("register_balancer: the kind '" + kind + "' needs a factory");
   registered()[kind] = std::move(factory);
 }
 
@@ -113,7 +114,9 @@ std::unique_ptr<Balancer> make_balancer(const BalancerConfig& cfg) {
   const auto& kinds = balancer_kinds();
   if (const auto own = registered().find(kind); own != registered().end()) {
     spec.expect_no_options();
-    return own->second(cfg, spec.has_args() ? spec.args() : "");
+    auto made = own->second(cfg, spec.has_args() ? spec.args() : "");
+    if (!made) spec.fail("the factory registered for '" + kind + "' returned no balancer");
+    return made;
   }
   if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
     spec.fail("unknown balancer '" + cfg.name + "'");

@@ -46,6 +46,12 @@ TEST(RegisteredBalancers, AreBuiltFromTheirSpecAndListedInTheErrors) {
   const auto factory = [](const BalancerConfig& cfg, const std::string&) { return make_balancer(cfg); };
   for (const char* taken : {"bsp", "lbbsp-cpu", "naive", "", "a:b", "a;b"})
     EXPECT_THROW(register_balancer(taken, factory), std::invalid_argument) << taken;
+  EXPECT_THROW(register_balancer("unset", BalancerFactory{}), std::invalid_argument);
+  register_balancer("null",
+                    [](const BalancerConfig&, const std::string&) { return std::unique_ptr<Balancer>{}; });
+  EXPECT_NE(message_of("null").find("the factory registered for 'null' returned no balancer"),
+            std::string::npos)
+      << message_of("null");
 }
 
 TEST(OmniLearnPeer, HoldsItsSplitForAWindowThenMovesByTheTimeDifference) {
