@@ -129,10 +129,13 @@ def main() -> None:
     p.add_argument("--runners", default=",".join(RUNNERS), help="comma-separated, from: " + ", ".join(RUNNERS))
     p.add_argument("--mpirun", default=os.environ.get("MPIEXEC", "mpirun"))
     p.add_argument("--out", default="results/train-cotenant")
-    p.add_argument("--tabulate", action="store_true", help="print the table of --out/SCENARIO.json, run nothing")
+    p.add_argument("--tabulate", action="store_true", help="print the table again from the runs kept under --out")
     args = p.parse_args()
     if args.tabulate:  # every run summarised again from its telemetry
-        kept = json.load(open(Path(args.out) / f"{args.scenario}.json"))
+        record = Path(args.out) / f"{args.scenario}.json"
+        if not record.exists():
+            p.error(f"--tabulate: no {record}: run the scenario with the same --out first")
+        kept = json.load(open(record))
         print(table({name: [summarise(Path(args.out) / f"{args.scenario}-{name}-{i}" / "telemetry.csv", args.warmup,
                                       args.batch) for i in range(len(runs))] for name, runs in kept.items()}))
         return
