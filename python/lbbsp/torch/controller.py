@@ -16,7 +16,7 @@ import lbbsp
 from .. import _lbbsp
 from . import ddp, fsdp, native
 from ._util import positive_int, uncompiled
-from .checks import STATE_VERSION, check_model, check_same_everywhere, check_state, timeout
+from .checks import check_model, check_same_everywhere, timeout
 from .clock import DeviceClock, HostClock
 from .decide import Decisions
 from .exchange import ReportExchange, group_ranks
@@ -26,6 +26,7 @@ from .monitor import ResourceMonitor
 from .report import EXO, Report, read_metrics
 from .sampler import BalancedBatchSampler, balanced_loader
 from .sizes import DecidedSizes, micro_split
+from .state import load_into, state_of
 
 
 class LoadBalancer:
@@ -346,37 +347,14 @@ class LoadBalancer:
     def state_dict(self) -> Dict[str, Any]:
         """The controller's state, the same on every rank (every rank runs the balancer): save it from rank 0
         with ``torch.save`` or from all with ``torch.distributed.checkpoint``."""
-        self._decide_through(self._step - 1, block=True)
-        # "sizes": the batch vectors of steps step..step+lag, a list of lists (no tensors): one leaf for
-        # torch.distributed.checkpoint, which a template of another lag or world size can load.
-        return {"version": STATE_VERSION, "world_size": self.world_size, "global_batch": self.global_batch,
-                "dataset_size": self.dataset_size, "seed": self.seed, "lag": self.lag, "step": self._step,
-                "sizes": self.sizes.as_lists(self._step, self._step + self.lag),
-                "balancer": self._decisions.balancer.save_state()}
+        return state_of(self)
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continues from ``state`` (from any rank), at any step of an epoch. Another world size starts the
         balancer afresh from an equal split (its history is per rank) with a warning; another lag keeps the
         decided sizes and repeats the last one where more are needed. Dataset size, global batch and seed
         define the samples and must match."""
-        check_state(state, self)
-        self.exchange.drain()
-        step = int(state["step"])
-        if self._auto_lag and not self._stepped:
-            self.lag = max(self.lag, int(state.get("lag", 0)))
-        if state.get("world_size") != self.world_size:
-            warnings.warn(f"LoadBalancer.load_state_dict: the state was saved at {state.get('world_size')} ranks "
-                          f"and this run has {self.world_size}: the balancer starts afresh from an equal split "
-                          "(its speed history is per rank); the samples of every step stay the same")
-            self._decisions.restart(step, self.lag)
-        else:
-            if state.get("balancer") is None:
-                raise ValueError("LoadBalancer.load_state_dict: the state has no balancer state: save it on rank 0")
-            self._decisions.load(state["balancer"], state["sizes"], step, self.lag)
-        self._step, self._stepped = step, False
-        self.loss.new_step()
-        self.clock.reset()
-        native.arm(self)
+        load_into(self, state)
 
     # ---- DataLoader ----
 
