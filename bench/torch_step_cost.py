@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Benchmark (not a test): what lbbsp.torch costs a step against plain DDP, on 2 gloo ranks pinned one per core.
 
-    python3 bench/torch_step_cost.py [--rounds 3] [--steps 300] [--profile] [--lag L]
+    python3 bench/torch_step_cost.py [--rounds 3] [--steps 300] [--profile] [--lag L] [--runners plain,lbbsp,...]
 
 The co-tenant benchmark's CNN (bench/torch_cotenant.py), global batch 128, no co-tenant. In each round the same two
-processes hold three DDP models and take their steps in turn (a step of each, then again), so that the machine's
-drift, which moves a whole run's mean step by 2-4% between runs here, falls on all three alike: plain DDP (its own
-C++ hook, the equal split), DDP + lbbsp with `--balancer bsp` (the equal split kept: the control plane alone) and
-DDP + lbbsp with lbbsp-cpu (the default, deciding each step), in an order rotated each step (the first to run after
+processes hold five DDP models and take their steps in turn (a step of each, then again), so that the machine's
+drift, which moves a whole run's mean step by 2-4% between runs here, falls on all alike: plain DDP (its own
+C++ hook, the equal split), DDP + lbbsp with `--balancer bsp` (the equal split kept: the control plane alone),
+DDP + lbbsp with lbbsp-cpu (the default, deciding each step; the loss through lb.scale), the same with
+loss_reduction="mean" (lbbsp-hook: the loss as plain DDP's, weighted in the C++ hook) and on the Python step path
+(lbbsp-python), in an order rotated each step (the first to run after
 another model's step may meet colder caches, so none always goes first). The other models' steps run in
 lb.untimed(), outside each LoadBalancer's windows. Per runner: the mean step (wall, from its data to the end of
 lb.step()) and CPU a step (process time of the rank, gloo's threads included), steps after the first 50, and the
@@ -41,9 +43,10 @@ import lbbsp.torch.ddp as ddp_hook
 import lbbsp.torch.native as native
 from lbbsp.torch import LoadBalancer
 
-# name: (balancer, lbbsp.torch's per-step path: "auto" its C++ one where it builds, "0" the Python one)
-RUNNERS = {"plain": None, "lbbsp-bsp": ("bsp", "auto"), "lbbsp": ("lbbsp-cpu", "auto"),
-           "lbbsp-python": ("lbbsp-cpu", "0")}
+# name: (balancer, lbbsp.torch's per-step path: "auto" its C++ one where it builds, "0" the Python one,
+# loss_reduction: None, lb.scale(loss); "mean", the plain mean loss weighted in the hook)
+RUNNERS = {"plain": None, "lbbsp-bsp": ("bsp", "auto", None), "lbbsp": ("lbbsp-cpu", "auto", None),
+           "lbbsp-hook": ("lbbsp-cpu", "auto", "mean"), "lbbsp-python": ("lbbsp-cpu", "0", None)}
 WARMUP = 50
 
 
@@ -80,10 +83,10 @@ class Runner:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.lb, self.spent = None, collections.defaultdict(float)
         if RUNNERS[name]:
-            balancer, path = RUNNERS[name]
+            balancer, path, reduction = RUNNERS[name]
             os.environ["LBBSP_TORCH_NATIVE"] = path  # read when the LoadBalancer is built
             self.lb = LoadBalancer(self.model, dataset_size=len(x), global_batch=tc.X, balancer=balancer,
-                                   lag=lag)
+                                   lag=lag, loss_reduction=reduction)
             if do_profile:
                 profile(self.lb, self.spent)
         self.equal = np.full(world, tc.X // world, dtype=np.int64)
@@ -100,7 +103,7 @@ class Runner:
             idx = lbbsp._lbbsp.rank_indices(self.perm[1], step, self.equal, dist.get_rank())  # as lb.indices
         idx = torch.from_numpy(idx)
         loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
-        if self.lb is not None:
+        if self.lb is not None and self.lb.loss.reduction is None:
             loss = self.lb.scale(loss)
         self.opt.zero_grad()
         loss.backward()
@@ -153,25 +156,31 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--profile", action="store_true", help="rank 0's CPU in lbbsp.torch's functions (lbbsp runner)")
+    ap.add_argument("--profile", action="store_true",
+                    help="rank 0's CPU in lbbsp.torch's functions (the first LoadBalancer runner of --runners)")
     ap.add_argument("--lag", type=int, default=0, help="the LoadBalancers' lag (steps decided ahead)")
+    ap.add_argument("--runners", default=",".join(RUNNERS), help=f"of {', '.join(RUNNERS)} (plain always runs)")
     a = ap.parse_args()
+    names = ["plain"] + [n for n in a.runners.split(",") if n != "plain"]
     if a.steps <= WARMUP:
         sys.exit(f"torch_step_cost.py: --steps must exceed the {WARMUP} warm-up steps, got {a.steps}")
+    if any(n not in RUNNERS for n in names):
+        sys.exit(f"torch_step_cost.py: --runners takes names of {', '.join(RUNNERS)}, got {a.runners!r}")
     if a.profile:
-        got = run(["lbbsp"], a.steps, True, a.lag)["lbbsp"]
-        print(f"rank 0's CPU in lbbsp.torch a step (thread time, us), lbbsp-cpu, {a.steps - WARMUP} steps:")
-        for name, us in sorted(got["profile_us"].items(), key=lambda kv: -kv[1]):
-            print(f"  {name:28s} {us:7.1f}")
+        name = next((n for n in names if n != "plain"), "lbbsp")
+        got = run([name], a.steps, True, a.lag)[name]
+        print(f"rank 0's CPU in lbbsp.torch a step (thread time, us), {name}, {a.steps - WARMUP} steps:")
+        for label, us in sorted(got["profile_us"].items(), key=lambda kv: -kv[1]):
+            print(f"  {label:28s} {us:7.1f}")
         return
     rounds = []
     for r in range(a.rounds):
-        rounds.append(run(list(RUNNERS), a.steps, False, a.lag))
-        print(f"round {r + 1}: " + ", ".join(f"{n} {1e3 * rounds[-1][n]['step_s']:.2f} ms" for n in RUNNERS),
+        rounds.append(run(names, a.steps, False, a.lag))
+        print(f"round {r + 1}: " + ", ".join(f"{n} {1e3 * rounds[-1][n]['step_s']:.2f} ms" for n in names),
               flush=True)
     print(f"\n{a.rounds} rounds of {a.steps} steps of each runner, in turn (the first {WARMUP} left out), 2 ranks "
           f"pinned, global batch {tc.X}; medians over rounds (over plain: the median of the rounds' differences)")
-    print_over_plain(rounds, RUNNERS)
+    print_over_plain(rounds, names)
 
 
 def print_over_plain(rounds, names):

@@ -212,33 +212,44 @@ def test_compiled_model_is_exact(tmp_path):
 L2 = 1e-2
 
 
-def _mean_worker(rank, world, store, out, steps, global_batch):
+def _mean_worker(rank, world, store, out, steps, global_batch, reduction=None, path="auto"):
     init(rank, world, store)
+    os.environ["LBBSP_TORCH_NATIVE"] = path
     x, y = data()
     model = DDP(make_model())
     lb = LoadBalancer(model, dataset_size=N, global_batch=global_batch, balancer="random:5", seed=3,
-                      monitor=fixed_metrics)
+                      monitor=fixed_metrics, loss_reduction=reduction)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sizes = []
     for g in range(steps):
         idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
         sizes.append(lb.batch_sizes.tolist())
-        loss = lb.scale(F.cross_entropy(model(x[idx]), y[idx]) + L2 * sum_of_squares(model.module))
+        logits = model(x[idx])
+        if reduction == "sum":  # the sum over the rank's samples: its L2 term weighted by n_r, as one process's
+            loss = F.cross_entropy(logits, y[idx], reduction="sum") + len(idx) * L2 * sum_of_squares(model.module)
+        else:
+            loss = F.cross_entropy(logits, y[idx]) + L2 * sum_of_squares(model.module)
+        if reduction is None:
+            loss = lb.scale(loss)
         loss.backward()
         opt.step()
         opt.zero_grad()
         lb.step()
     params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
     np.save(os.path.join(out, f"mean-{rank}.npy"), params)
-    write_pickle(os.path.join(out, f"mean-sizes-{rank}.pkl"), sizes)
+    write_pickle(os.path.join(out, f"mean-sizes-{rank}.pkl"), (sizes, lb.native is not None))
     finish()
 
 
-def test_scaled_mean_loss_with_l2_equals_one_process(tmp_path):
+@pytest.mark.parametrize("reduction, path", [(None, "auto"), ("mean", "auto"), ("mean", "0"), ("sum", "auto")])
+def test_mean_loss_with_l2_equals_one_process(tmp_path, reduction, path):
+    """A mean loss with an L2 term, through lb.scale or left as it is with loss_reduction (the hook weights the
+    gradients, in C++ or on the Python path; a sum loss alike), equals one process, 0-sample ranks included."""
     world, steps, X = 3, 20, 24
-    spawn(_mean_worker, world, tmp_path, steps, X)
-    sizes = np.array(read_pickle(tmp_path / "mean-sizes-0.pkl"))
-    assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
+    spawn(_mean_worker, world, tmp_path, steps, X, reduction, path)
+    sizes, native_path = read_pickle(tmp_path / "mean-sizes-0.pkl")
+    assert native_path == native_expected(path)
+    assert (np.array(sizes) == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
     ref = one_process(steps, X, l2=L2, mean=True)
     assert_equal_to_one_process(ref, [tmp_path / f"mean-{r}.npy" for r in range(world)])
 

@@ -15,7 +15,8 @@ prefix sums of the batch vector: the same samples in the same order as ``lbbsp t
 DDP communication hook that SUMS gradients (DDP's default divides by the world size); ``lb.scale(loss)`` turns a
 loss that is the mean over this rank's n_r samples into n_r / X of it (X the global batch), so every rank's part
 adds up to the gradient of the global batch's mean loss, for any split, ranks with 0 samples included: the
-trajectory equals one process on the same global batches.
+trajectory equals one process on the same global batches. Or ``LoadBalancer(..., loss_reduction="mean")`` and the
+loss as plain DDP writes it: the hook weights the rank's gradients by n_r / X instead (no ``scale()`` call).
 
 The time a rank reports for a step is everything it does between leaving one barrier (the gradient allreduce)
 and reaching the next, less ``untimed()`` blocks. Its report leaves from the comm hook when the last gradient

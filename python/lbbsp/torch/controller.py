@@ -65,6 +65,12 @@ class LoadBalancer:
             yields one by one; ``scale()`` called once per micro-batch weights each by its own size, and a step
             whose ``scale()`` calls do not match ends with an error on every rank (with check_loss). Use
             ``model.no_sync()`` for all but the last micro-batch of a step.
+        loss_reduction: None (default): call ``lb.scale(loss)`` (below). ``"mean"``: the loss is left as a plain
+            DDP loop writes it, the mean over this rank's samples, and the DDP hook weights the rank's gradients
+            by n_r / X before the SUM instead (0 for a rank with none), in C++ where lbbsp.torch's step path is:
+            no ``scale()`` call (it raises), the same gradients, ~40 us a step less on the CPU.
+            ``"sum"``: the loss is the sum over the rank's samples, weighted 1 / X. A DDP model and
+            ``micro_batches=1`` only (unequal micro-batches need a weight each: ``scale()``).
 
     Loss: the gradients are SUMMED over ranks, so each rank's loss must be its share of the global batch's loss.
     ``loss = lb.scale(loss)`` does that for a loss that is the mean over this rank's samples (PyTorch's default
@@ -72,6 +78,7 @@ class LoadBalancer:
     only (an L2 penalty, a KL to a prior) goes inside ``scale()`` with the data loss, ``lb.scale(mean + l2)``: it
     is weighted n_r / X on each rank, which adds up to one over the ranks; added outside ``scale()`` on every rank
     it counts world-size times. (Weight decay in the optimizer acts after the allreduce and needs nothing.)
+    With ``loss_reduction="mean"`` the hook weights the whole loss's gradients alike, such terms included.
     """
 
     def __init__(self, model: Optional[torch.nn.Module], dataset_size: int, global_batch: int,
@@ -79,7 +86,7 @@ class LoadBalancer:
                  lag: Optional[int] = None, process_group: Optional[dist.ProcessGroup] = None,
                  timeout_s: Optional[float] = None,
                  monitor: Optional[Callable[[], List[float]]] = None, check_loss: bool = True,
-                 micro_batches: int = 1) -> None:
+                 micro_batches: int = 1, loss_reduction: Optional[str] = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("LoadBalancer: call torch.distributed.init_process_group() first")
         self.dataset_size = positive_int(dataset_size, "dataset_size")
@@ -117,14 +124,14 @@ class LoadBalancer:
         if not callable(self._monitor):
             raise TypeError(f"LoadBalancer: monitor must be callable, got {type(monitor).__name__}")
         self.micro_batches = positive_int(micro_batches, "micro_batches", 1)
-        #: the loss's scale and its checks (lbbsp.torch.loss)
-        self.loss = LossScale(self.global_batch, self.micro_batches, check_loss, model)
         model = uncompiled(model)
         self._sharded = check_model(model)
+        #: the loss's scale and its checks (lbbsp.torch.loss)
+        self.loss = LossScale(self.global_batch, self.micro_batches, check_loss, model, loss_reduction, self._sharded)
         check_same_everywhere(self.exchange, model, self._sharded, self._ranks, {
             "dataset_size": self.dataset_size, "global_batch": self.global_batch, "seed": self.seed,
             "balancer": balancer, "predictor": predictor, "min_batch": min_batch, "lag": lag,
-            "micro_batches": self.micro_batches})
+            "micro_batches": self.micro_batches, "loss_reduction": loss_reduction})
         self._model = model
         self._plain_bn = model is not None and any(
             isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm)
@@ -331,7 +338,7 @@ class LoadBalancer:
     def _advance(self, k: int, t0: float, arm: bool) -> np.ndarray:
         """Step k closed (step() began at t0): the next begins (the C++ state armed unless the one call did)."""
         self._step, self._stepped, self._done_sizes = k + 1, True, self.sizes[k]
-        self.loss.new_step()
+        self.loss.end_step(k, int(self._done_sizes[self.rank]))
         self.sizes.forget_through(min(k, self._decisions.decided))  # undecided steps keep theirs to check their reports
         if arm:
             native.arm(self)

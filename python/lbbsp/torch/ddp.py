@@ -26,6 +26,27 @@ ORPHANED = ("LoadBalancer: the DDP model's LoadBalancer is gone (no reference le
             "the LoadBalancer for as long as the model trains, or train on with a new DDP model")
 
 
+ORPHANED_AVERAGES = ("LoadBalancer: the DDP model's LoadBalancer is gone (no reference left to it) but its hook "
+                     "stays and averages the gradients as DDP does (loss_reduction='mean'), over the batches the "
+                     "ranks now read. Keep the LoadBalancer for as long as the model trains, or train on with a "
+                     "new DDP model")
+
+
+def bucket_tensor(bucket: dist.GradBucket) -> torch.Tensor:
+    """The bucket's flat gradients (PyTorch 1.x calls it get_tensor)."""
+    return bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
+
+
+def weigh(tensor: torch.Tensor, weight: Optional[float]) -> None:
+    """loss_reduction's weight on this rank's gradients before the SUM (none: the loss was scaled)."""
+    if weight is None:
+        return
+    if weight == 0.0:  # no samples: a mean of nothing is NaN
+        tensor.zero_()
+    else:
+        tensor.mul_(weight)
+
+
 def check_model(model: Optional[torch.nn.Module]) -> None:
     """A DistributedDataParallel model or None."""
     if model is not None and not hasattr(model, "register_comm_hook"):
@@ -41,6 +62,8 @@ def model_ranks(model: Optional[torch.nn.Module], balanced: list) -> list:
 def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None:
     """Registers the SUM hook (and with ``check_rows`` the forward pre-hook) on the DDP model."""
     me, orphaned = weakref.ref(lb), []
+    orphan_weight = lb.loss.orphan_weight(lb.world_size)
+    message = ORPHANED if lb.loss.reduction != "mean" else ORPHANED_AVERAGES
 
     def hook(state: Optional[dist.ProcessGroup], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         balancer = me()
@@ -48,11 +71,13 @@ def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None
             return _sum_and_report(balancer, me, state, bucket)
         if not orphaned:  # DDP keeps the hook: training on without the LoadBalancer still sums
             orphaned.append(True)
-            warnings.warn(ORPHANED)
+            warnings.warn(message)
+        weigh(bucket_tensor(bucket), orphan_weight)
         return sum_allreduce_hook(state, bucket)
     try:
         if lb.native is not None:  # the same hook in C++ (lbbsp.torch.native)
-            lb.native.register(model.reducer, getattr(model, "process_group", None) or dist.group.WORLD, ORPHANED)
+            lb.native.register(model.reducer, getattr(model, "process_group", None) or dist.group.WORLD, message,
+                               lb.loss.reduction or "", lb.global_batch)
         else:
             model.register_comm_hook(getattr(model, "process_group", None), hook)
     except RuntimeError as e:  # DDP takes one hook: the user's (a compression hook, say) came first
@@ -69,7 +94,8 @@ def _sum_and_report(lb: "LoadBalancer", me: "weakref.ref", process_group: Option
     """The SUM hook's work on one bucket; at the last one it sends this step's report."""
     k = lb.global_step
     lb.loss.check_scaled(k)
-    tensor = bucket.buffer() if hasattr(bucket, "buffer") else bucket.get_tensor()
+    tensor = bucket_tensor(bucket)
+    weigh(tensor, lb.loss.hook_weight(int(lb.sizes[k][lb.rank])))
     last = bucket.is_last() if hasattr(bucket, "is_last") else False
     sends = last and not lb.exchange.launched(k)
     ready = lb.clock.ready_marker() if last else None  # this rank's backward ends here (on CUDA read later)

@@ -1,7 +1,9 @@
 """The loss's side of the invariant: with gradients SUMMED over ranks each rank's loss must be its share of the
 global batch's (n_r / X of a mean over its n_r samples), once per micro-batch; and the checks that catch a loss
 weighted wrong (no scale() before backward, a forward on other rows than the rank's slice, a mean loss scaled inside
-no_sync() as if it were the whole slice's, scale() called another number of times than there are micro-batches)."""
+no_sync() as if it were the whole slice's, scale() called another number of times than there are micro-batches).
+With ``loss_reduction`` the loss is left as the user wrote it and the gradient hook weights the rank's gradients
+instead (``hook_weight``): the same weights, applied to the gradient buckets in C++ rather than to the loss."""
 
 import warnings
 import weakref
@@ -16,10 +18,13 @@ from .sizes import micro_split
 class LossScale:
     """Scales a rank's loss to its share of the global batch and checks that every step's loss was."""
 
-    def __init__(self, global_batch: int, micro_batches: int, check: bool, model: Optional[torch.nn.Module]) -> None:
+    def __init__(self, global_batch: int, micro_batches: int, check: bool, model: Optional[torch.nn.Module],
+                 reduction: Optional[str] = None, sharded: bool = False) -> None:
         if not isinstance(check, bool):
             raise TypeError(f"LoadBalancer: check_loss must be True or False, got {check!r}")
         self.global_batch, self.micro_batches, self.check = global_batch, micro_batches, check
+        #: loss_reduction: None (scale() weights the loss), "mean" or "sum" (the hook weights the gradients)
+        self.reduction = _hook_reduction(reduction, micro_batches, model is not None and not sharded)
         self._model = model
         self.calls = 0  # scale() calls in the current step (the micro-batch the next one is for)
         self._scaled_step = -1
@@ -29,8 +34,32 @@ class LossScale:
     def new_step(self) -> None:
         self.calls = 0
 
+    def end_step(self, step: int, batch: int) -> None:
+        """Step ``step``, in which this rank had ``batch`` samples, ends (with loss_reduction the rows of its last
+        forward are checked here, as scale() checks them); the next begins."""
+        if self.reduction is not None and self.check:
+            self._check_rows(batch, step)
+        self.new_step()
+
+    def hook_weight(self, batch: int) -> Optional[float]:
+        """With loss_reduction, what the hook multiplies this rank's gradients by before the SUM where it has
+        ``batch`` samples: batch / X of a mean loss (0 for none: a mean of nothing is NaN), 1 / X of a sum."""
+        if self.reduction is None:
+            return None
+        return batch / self.global_batch if self.reduction == "mean" else 1.0 / self.global_batch
+
+    def orphan_weight(self, world: int) -> Optional[float]:
+        """The hook's weight once the LoadBalancer is gone: DDP's average of a mean loss, 1 / X of a sum."""
+        if self.reduction is None:
+            return None
+        return 1.0 / world if self.reduction == "mean" else 1.0 / self.global_batch
+
     def scale(self, loss: torch.Tensor, reduction: str, count: Optional[int], step: int, batch: int) -> torch.Tensor:
         """LoadBalancer.scale for step ``step``, in which this rank has ``batch`` samples."""
+        if self.reduction is not None:
+            raise RuntimeError(f"LoadBalancer.scale: this LoadBalancer has loss_reduction={self.reduction!r}: the "
+                               "gradient hook weights the rank's gradients already; pass the loss to backward() "
+                               "as it is (or build the LoadBalancer without loss_reduction to scale it here)")
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise ValueError("LoadBalancer.scale: loss must be a scalar tensor (reduce it first: the mean or the "
                              f"sum over this rank's samples), got {type(loss).__name__}"
@@ -63,7 +92,7 @@ class LossScale:
 
     def check_scaled(self, step: int) -> None:
         """Warns once where backward reaches the gradient allreduce in a step without scale()."""
-        if not self.check or self._warned_unscaled or self._scaled_step == step:
+        if not self.check or self.reduction is not None or self._warned_unscaled or self._scaled_step == step:
             return
         self._warned_unscaled = True
         warnings.warn(f"LoadBalancer: step {step}: backward ran without lb.scale(loss). The gradients are "
@@ -85,11 +114,13 @@ class LossScale:
         if rows is None or rows == n or self._warned_rows:  # None too with check_loss=False: no hook then
             return
         self._warned_rows = True
-        warnings.warn(f"LoadBalancer.scale: step {step}: the model's last forward had {rows} rows in its "
+        where, fix = ("LoadBalancer.scale", "pass count= to scale() (or check_loss=False)") if self.reduction is None \
+            else ("LoadBalancer.step", "pass check_loss=False")
+        warnings.warn(f"{where}: step {step}: the model's last forward had {rows} rows in its "
                       f"first input but this rank's share is {n} samples: read the batches through "
                       "lb.data_loader() or lb.batch_sampler() (a DataLoader of your own with batch_size or a "
                       "DistributedSampler does not follow the balancer, which then weights the loss wrongly). If "
-                      "the first input is not batch-first, pass count= to scale() (or check_loss=False)")
+                      f"the first input is not batch-first, {fix}")
 
     def _refuse_unsplit_accumulation(self, reduction: str, step: int, batch: int) -> None:
         """A mean loss scaled inside the DDP model's no_sync() is a micro-batch's (manual accumulation): weighted
@@ -102,6 +133,22 @@ class LossScale:
                          "micro-batch. Pass the micro-batch's size, lb.scale(loss, count=len(y)), or build the "
                          "LoadBalancer with micro_batches=A and read the micro-batches from lb.data_loader(); "
                          "for a loss over the whole slice pass count=int(lb.batch_sizes[lb.rank])")
+
+
+def _hook_reduction(reduction: Optional[str], micro_batches: int, ddp_model: bool) -> Optional[str]:
+    """LoadBalancer's loss_reduction, checked: None, or "mean"/"sum" with a DDP model and one micro-batch."""
+    if reduction is None:
+        return None
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"LoadBalancer: loss_reduction must be None, 'mean' or 'sum', got {reduction!r}")
+    if not ddp_model:
+        raise ValueError(f"LoadBalancer: loss_reduction={reduction!r} weights the gradients in a DDP model's "
+                         "communication hook: it needs a DistributedDataParallel model (with FSDP2 or without a "
+                         "model leave loss_reduction=None and call lb.scale(loss))")
+    if micro_batches != 1:
+        raise ValueError(f"LoadBalancer: loss_reduction={reduction!r} needs micro_batches=1: micro-batches of "
+                         "unequal size need a weight each, which lb.scale(loss) gives (leave loss_reduction=None)")
+    return reduction
 
 
 def watch_rows(me: "weakref.ref", model: torch.nn.Module) -> None:

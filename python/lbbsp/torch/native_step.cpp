@@ -1,10 +1,11 @@
 // lbbsp.torch's per-step path on the CPU in C++ (the Python path in ddp.py, clock.py and exchange.py is its
-// reference and the fall-back): the DDP communication hook that SUMS each gradient bucket and, at the last
-// bucket of a step, measures the rank's window, reads the /proc monitor, writes the report into the block
-// that rides in that bucket's allreduce and opens the next window when the allreduce completes, without
-// Python or the GIL. In Python those were ~15 calls of 5-80 us a step on the rank's own core
-// (docs/results/torch.md). Built on first use against the installed torch by lbbsp/torch/native.py
-// (torch.utils.cpp_extension), which says what it mirrors.
+// reference and the fall-back): the DDP communication hook that SUMS each gradient bucket (with
+// loss_reduction weighted first by the rank's share of the global batch) and, at the last bucket of a step,
+// measures the rank's window, reads the /proc monitor, writes the report into the block that rides in that
+// bucket's allreduce and opens the next window when the allreduce completes, without Python or the GIL. In
+// Python those were ~15 calls of 5-80 us a step on the rank's own core (docs/results/torch.md). Built on
+// first use against the installed torch by lbbsp/torch/native.py (torch.utils.cpp_extension), which says what
+// it mirrors.
 #include <pybind11/numpy.h>
 #include <time.h>
 #include <torch/extension.h>
@@ -254,6 +255,7 @@ class StepState {
   // ---- the hook ----
   FuturePtr run(const Group& group, c10d::GradBucket& bucket) {
     at::Tensor& tensor = bucket.getBufferRef();
+    weigh(tensor);
     const double ready_s = now_s();
     std::unique_lock<std::mutex> g(mu_);
     backward_step_ = step_;
@@ -281,6 +283,17 @@ class StepState {
     return send(group, tensor, k, ready_s, exo);
   }
 
+  // loss_reduction: the hook weights the rank's gradients (LossScale.hook_weight, .orphan_weight)
+  enum class Weighting { kNone, kMean, kSum };
+  void set_weighting(const std::string& reduction, int64_t global_batch) {
+    TORCH_CHECK(reduction.empty() || global_batch > 0, "native_step: weighting needs the global batch");
+    std::lock_guard<std::mutex> g(mu_);
+    weighting_ = reduction == "mean"  ? Weighting::kMean
+                 : reduction == "sum" ? Weighting::kSum
+                                      : Weighting::kNone;
+    global_batch_ = global_batch;
+  }
+
   const int64_t rank_, world_;
   // read by Python between steps while gloo's and autograd's threads may still write: atomics
   std::atomic<int64_t> rides_{0}, separate_{0}, blocks_made_{0};
@@ -289,6 +302,27 @@ class StepState {
   std::atomic<double> measured_s_{std::numeric_limits<double>::quiet_NaN()};  // the last report's seconds
 
  private:
+  // A bucket of the armed step times this rank's weight before the SUM: n_r / X of a mean loss (0 where it
+  // has no samples: a mean of nothing is NaN), 1 / X of a sum; once detached DDP's average of a mean.
+  void weigh(at::Tensor& tensor) {
+    double w = 1.0;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (weighting_ == Weighting::kNone) return;
+      const double x = static_cast<double>(global_batch_);
+      if (weighting_ == Weighting::kSum) {
+        w = 1.0 / x;
+      } else {
+        w = detached_ ? 1.0 / static_cast<double>(world_) : static_cast<double>(batch_) / x;
+      }
+    }
+    if (w == 0.0) {
+      tensor.zero_();
+    } else {
+      tensor.mul_(w);
+    }
+  }
+
   // The step the hook reports next, from its decided vector.
   void arm_locked(int64_t step) {
     const auto& [sizes, checksum] = decided_.at(step);
@@ -512,6 +546,8 @@ class StepState {
   double min_interval_s_;
   int64_t piggyback_max_bytes_;
   bool piggybacks_ = true, detached_ = false, orphan_warned_ = false;
+  Weighting weighting_ = Weighting::kNone;
+  int64_t global_batch_ = 0;
   // the window
   std::optional<double> recorded_;
   double started_s_ = 0, wait_s_ = 0, untimed_s_ = 0;
@@ -617,12 +653,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            }),
            py::arg("rank"), py::arg("world"), py::arg("layout"), py::arg("sample_fn"), py::arg("monitor"),
            py::arg("min_interval_s"), py::arg("piggyback_max_bytes"), py::arg("py_monitor") = py::none())
-      .def("register",
-           [](Handle& h, py::object reducer, py::object group, std::string orphan_warning) {
-             h.state->orphan_warning_ = std::move(orphan_warning);
-             reducer.cast<c10d::Reducer*>()->register_comm_hook(
-                 std::make_unique<Hook>(group.cast<Group>(), h.state));
-           })
+      .def(
+          "register",
+          [](Handle& h, py::object reducer, py::object group, std::string orphan_warning,
+             std::string reduction, int64_t global_batch) {
+            h.state->orphan_warning_ = std::move(orphan_warning);
+            h.state->set_weighting(reduction, global_batch);
+            reducer.cast<c10d::Reducer*>()->register_comm_hook(
+                std::make_unique<Hook>(group.cast<Group>(), h.state));
+          },
+          py::arg("reducer"), py::arg("group"), py::arg("orphan_warning"), py::arg("reduction") = "",
+          py::arg("global_batch") = 0)
       .def("restart", [](Handle& h, double now) { h.state->restart(now); })
       .def("reset", [](Handle& h, double now) { h.state->reset(now); })
       .def("record", [](Handle& h, double s) { h.state->record(s); })
