@@ -11,11 +11,12 @@ bandwidth) as a neighbour on a shared machine does. Plain Python and NumPy: no t
 """
 
 import gzip
+import itertools
 import multiprocessing
 import os
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -38,16 +39,21 @@ def trace_shares(machine: str = "m_1937", start: int = 6200, count: int = 600) -
     return list(np.clip(0.5 + 0.4 * np.sin(np.arange(count) / 3.0) + g.normal(0, 0.1, count), 0, 1))
 
 
-def run(kind: str, core: int, period: float, tick: float) -> None:
-    """The co-tenant's body (never returns): ``kind`` on CPU ``core``."""
+def run(kind: str, core: int, period: float, tick: float, anchor: Any = None) -> None:
+    """The co-tenant's body (never returns): ``kind`` on CPU ``core``. ``anchor``: a shared double that onoff sets
+    to the time.perf_counter() its first on-phase began (the clock is the machine's CLOCK_MONOTONIC, the same in
+    every process); its phases then follow from it, on time, cycle after cycle."""
     os.sched_setaffinity(0, {core})
     if kind == "steady":
         while True:
             pass
     elif kind == "onoff":
-        while True:
-            spin_until(time.perf_counter() + period)
-            time.sleep(period)
+        t0 = time.perf_counter()
+        if anchor is not None:
+            anchor.value = t0
+        for cycle in itertools.count():
+            spin_until(t0 + (2 * cycle + 1) * period)
+            time.sleep(max(0.0, t0 + (2 * cycle + 2) * period - time.perf_counter()))
     elif kind == "trace":
         shares = trace_shares()
         while True:
@@ -69,6 +75,36 @@ def start(kind: str, core: int = 1, period: float = 1.5, tick: float = 0.5) -> O
         return None
     if kind not in KINDS:
         raise ValueError(f"co-tenant {kind!r}: choose one of {', '.join(KINDS)}")
-    p = multiprocessing.get_context("spawn").Process(target=run, args=(kind, core, period, tick), daemon=True)
+    ctx = multiprocessing.get_context("spawn")
+    anchor = ctx.Value("d", float("nan"), lock=False)
+    p = ctx.Process(target=run, args=(kind, core, period, tick, anchor), daemon=True)
     p.start()
+    p.anchor = anchor  # type: ignore[attr-defined]
     return p
+
+
+def cycle_of(tenant: Optional[multiprocessing.Process], kind: str, period: float) -> Optional[List[float]]:
+    """An onoff co-tenant's [first on-phase's start, cycle length] in seconds of time.perf_counter(); None for
+    the other kinds (or where it never started)."""
+    if tenant is None or kind != "onoff" or tenant.anchor.value != tenant.anchor.value:  # NaN: not started
+        return None
+    return [float(tenant.anchor.value), 2.0 * period]
+
+
+def whole_cycles(end: np.ndarray, first: int, cycle: Optional[List[float]]) -> Tuple[int, int]:
+    """The steps to count, as indices into ``end`` (each step's end time): from ``first`` to the last; with an
+    onoff ``cycle`` those of whole on/off cycles after ``first`` only, so that every runner's mean step weighs the
+    phases alike (a fixed number of steps ends mid-cycle, and a faster runner's steps fall more in its slow
+    phase). Steps j+1 for j in [lo, hi) end in the window."""
+    lo, hi = first, len(end) - 1
+    if cycle is None:
+        return lo, hi
+    t0, length = cycle
+    start = t0 + length * np.ceil((end[lo] - t0) / length)
+    count = np.floor((end[hi] - start) / length)
+    if count < 1:
+        raise ValueError(f"the run's steps after warm-up ({end[hi] - end[lo]:.1f} s) hold no whole on/off cycle "
+                         f"of {length:.1f} s: give more steps")
+    lo = int(np.searchsorted(end, start))
+    hi = int(np.searchsorted(end, start + count * length, side="right")) - 1
+    return lo, hi

@@ -31,6 +31,10 @@ before it happens), so the table's first line also gives what a causal controlle
 the best of the last step's speeds and EMAs of them (weights 0.3, 0.5, 0.7), each step split by what the steps
 before it measured.
 
+Under onoff only the steps of whole on/off cycles after warm-up count (the co-tenant's phases are timed from its
+first on-phase, on the same clock as the steps): a fixed number of steps ends mid-cycle, and a runner fast in one
+phase would spend more of its steps in the other. --steps must leave at least one whole cycle (2 x --period s).
+
 Prints a Markdown table (mean step after warm-up over the rounds: min-max, speed-up over plain, fraction of the
 ideal speed-up, how far each runner's slower rank computed above the oracle split of its own steps' speeds (how
 well it tracks, apart from what the co-tenant did in its runs), how far its whole step was above that oracle (the
@@ -154,7 +158,8 @@ def rank_main(rank, world, port, runner, a, out):
     if runner in ("lbbsp", "lbbsp-b", "lbbsp-python"):
         spec = a.balancer_b if runner == "lbbsp-b" else a.balancer
         os.environ["LBBSP_TORCH_NATIVE"] = "0" if runner == "lbbsp-python" else "auto"
-        lb = LoadBalancer(ddp, dataset_size=len(x), global_batch=X, balancer=spec, predictor=a.predictor)
+        lb = LoadBalancer(ddp, dataset_size=len(x), global_batch=X, balancer=spec, predictor=a.predictor,
+                          loss_reduction="mean")
     elif runner != "plain":
         ddp.register_comm_hook(None, sum_allreduce_hook)
         ctrl = OmniLearn(world) if runner == "omnilearn" else Naive(world)
@@ -175,7 +180,7 @@ def rank_main(rank, world, port, runner, a, out):
         if runner == "plain":
             loss = F.cross_entropy(out_, y[idx])  # DDP averages: the equal split's mean loss
         elif lb is not None:
-            loss = lb.scale(F.cross_entropy(out_, y[idx]))
+            loss = F.cross_entropy(out_, y[idx])  # loss_reduction="mean": the hook weights it n_r / X
         else:
             loss = F.cross_entropy(out_, y[idx], reduction="sum") / X
         opt.zero_grad()
@@ -227,7 +232,11 @@ def run(runner, a, folder, tag):
             tenant.kill()
             tenant.join()
     with open(out) as f:
-        return json.load(f)
+        rec = json.load(f)
+    rec["cycle"] = cotenants.cycle_of(tenant, a.scenario, a.period)  # onoff: the phases' clock, kept
+    with open(out, "w") as f:
+        json.dump(rec, f)
+    return rec
 
 
 def kept(folder, tag):
@@ -241,15 +250,16 @@ def kept(folder, tag):
 
 def summarise(rec, warmup):
     end = np.array(rec["end"])
-    steps = np.diff(end)[warmup:]
-    sizes = np.array(rec["sizes"])[warmup + 1:]
-    s = {"step_ms": 1e3 * float(steps.mean()), "rank1_share": float(sizes[:, 1].mean())}
+    lo, hi = cotenants.whole_cycles(end, warmup, rec.get("cycle"))  # steps lo+1..hi (onoff: whole cycles)
+    steps = np.diff(end)[lo:hi]
+    sizes = np.array(rec["sizes"])[lo + 1:hi + 1]
+    s = {"step_ms": 1e3 * float(steps.mean()), "rank1_share": float(sizes[:, 1].mean()), "steps": hi - lo}
     if rec.get("lb_step_s"):
-        s["lb_step_us"] = 1e6 * float(np.mean(rec["lb_step_s"][warmup:]))
-    cpu = np.array(rec["cpu_all"])[:, warmup:]  # ranks x steps: the process's CPU seconds so far
+        s["lb_step_us"] = 1e6 * float(np.mean(rec["lb_step_s"][lo + 1:hi + 1]))
+    cpu = np.array(rec["cpu_all"])[:, lo:hi + 1]  # ranks x steps: the process's CPU seconds so far
     s["cpu_ms"] = 1e3 * float(((cpu[:, -1] - cpu[:, 0]) / (cpu.shape[1] - 1)).mean())
-    t = np.array(rec["compute_all"])[:, warmup + 1:]  # ranks x steps
-    b = np.array(rec["sizes"])[warmup + 1:].T
+    t = np.array(rec["compute_all"])[:, lo + 1:hi + 1]  # ranks x steps
+    b = sizes.T
     speeds = b / np.maximum(t, 1e-9)
     oracle = X / speeds.sum(axis=0)  # each step's slower rank at the oracle split of its speeds
     s["saved_ms"] = 1e3 * float((t.max(axis=0) - oracle).mean())
@@ -265,7 +275,9 @@ def table(results, a):
     plain_cpu = np.mean([r["cpu_ms"] for r in results["plain"]])
     causal = [r["causal_ms"] for r in results["plain"]]
     reachable = np.mean(plain) / (np.mean(plain) - np.mean(saved) + np.mean(causal))
-    lines = [f"scenario {a.scenario}: {a.repeats} rounds of {a.steps} steps (first {a.warmup} not counted); ideal "
+    counted = np.mean([r["steps"] for rs in results.values() for r in rs])
+    window = f"; whole on/off cycles only: {counted:.0f} steps a run counted" if a.scenario == "onoff" else ""
+    lines = [f"scenario {a.scenario}: {a.repeats} rounds of {a.steps} steps (first {a.warmup} not counted{window}); ideal "
              f"speed-up over plain {ideal:.2f}x (the per-step oracle split of plain's measured speeds); the best "
              f"causal split of the same speeds (last step's or an EMA's, replayed) {reachable:.2f}x, "
              f"{(reachable - 1) / (ideal - 1) if ideal > 1.0001 else float('nan'):.2f} of the ideal, "
