@@ -277,8 +277,8 @@ def table(results, a):
     reachable = np.mean(plain) / (np.mean(plain) - np.mean(saved) + np.mean(causal))
     counted = np.mean([r["steps"] for rs in results.values() for r in rs])
     window = f"; whole on/off cycles only: {counted:.0f} steps a run counted" if a.scenario == "onoff" else ""
-    lines = [f"scenario {a.scenario}: {a.repeats} rounds of {a.steps} steps (first {a.warmup} not counted{window}); ideal "
-             f"speed-up over plain {ideal:.2f}x (the per-step oracle split of plain's measured speeds); the best "
+    lines = [f"scenario {a.scenario}: {a.repeats} rounds of {a.steps} steps (first {a.warmup} not counted{window}); "
+             f"ideal speed-up over plain {ideal:.2f}x (the per-step oracle split of plain's measured speeds); the best "
              f"causal split of the same speeds (last step's or an EMA's, replayed) {reachable:.2f}x, "
              f"{(reachable - 1) / (ideal - 1) if ideal > 1.0001 else float('nan'):.2f} of the ideal, "
              f"{np.mean(causal):.1f} ms a step above the oracle",
