@@ -41,8 +41,8 @@ def trace_shares(machine: str = "m_1937", start: int = 6200, count: int = 600) -
 
 def run(kind: str, core: int, period: float, tick: float, anchor: Any = None) -> None:
     """The co-tenant's body (never returns): ``kind`` on CPU ``core``. ``anchor``: a shared double that onoff sets
-    to the time.perf_counter() its first on-phase began (the clock is the machine's CLOCK_MONOTONIC, the same in
-    every process); its phases then follow from it, on time, cycle after cycle."""
+    to the time.perf_counter() its first on-phase began, trace to when its series began (the clock is the
+    machine's CLOCK_MONOTONIC, the same in every process); onoff's phases then follow from it, on time."""
     os.sched_setaffinity(0, {core})
     if kind == "steady":
         while True:
@@ -56,6 +56,8 @@ def run(kind: str, core: int, period: float, tick: float, anchor: Any = None) ->
             time.sleep(max(0.0, t0 + (2 * cycle + 2) * period - time.perf_counter()))
     elif kind == "trace":
         shares = trace_shares()
+        if anchor is not None:
+            anchor.value = time.perf_counter()
         while True:
             for u in shares:
                 end = time.perf_counter() + tick
@@ -83,28 +85,33 @@ def start(kind: str, core: int = 1, period: float = 1.5, tick: float = 0.5) -> O
     return p
 
 
-def cycle_of(tenant: Optional[multiprocessing.Process], kind: str, period: float) -> Optional[List[float]]:
-    """An onoff co-tenant's [first on-phase's start, cycle length] in seconds of time.perf_counter(); None for
-    the other kinds (or where it never started)."""
-    if tenant is None or kind != "onoff" or tenant.anchor.value != tenant.anchor.value:  # NaN: not started
+def start_of(tenant: Optional[multiprocessing.Process]) -> Optional[float]:
+    """When an onoff or trace co-tenant began its first phase or sample, in seconds of time.perf_counter(); None
+    for the other kinds (or where it never started)."""
+    if tenant is None or tenant.anchor.value != tenant.anchor.value:  # NaN: not set
         return None
-    return [float(tenant.anchor.value), 2.0 * period]
+    return float(tenant.anchor.value)
 
 
-def whole_cycles(end: np.ndarray, first: int, cycle: Optional[List[float]]) -> Tuple[int, int]:
-    """The steps to count, as indices into ``end`` (each step's end time): from ``first`` to the last; with an
-    onoff ``cycle`` those of whole on/off cycles after ``first`` only, so that every runner's mean step weighs the
-    phases alike (a fixed number of steps ends mid-cycle, and a faster runner's steps fall more in its slow
-    phase). Steps j+1 for j in [lo, hi) end in the window."""
-    lo, hi = first, len(end) - 1
-    if cycle is None:
-        return lo, hi
-    t0, length = cycle
-    start = t0 + length * np.ceil((end[lo] - t0) / length)
-    count = np.floor((end[hi] - start) / length)
-    if count < 1:
-        raise ValueError(f"the run's steps after warm-up ({end[hi] - end[lo]:.1f} s) hold no whole on/off cycle "
-                         f"of {length:.1f} s: give more steps")
-    lo = int(np.searchsorted(end, start))
-    hi = int(np.searchsorted(end, start + count * length, side="right")) - 1
+def counted(end: np.ndarray, first: int, lo_s: float, hi_s: float) -> Tuple[int, int]:
+    """The steps that end within [lo_s, hi_s], as (lo, hi): steps j+1 for j in [lo, hi), ``end`` each step's end
+    time; none before step ``first`` (warm-up)."""
+    lo = int(np.searchsorted(end, lo_s))
+    hi = int(np.searchsorted(end, hi_s, side="right")) - 1
+    if lo < first or hi >= len(end) or end[-1] < hi_s or hi - lo < 2:
+        raise ValueError(f"the counted window ({lo_s - end[0]:+.1f} to {hi_s - end[0]:+.1f} s from the first step) "
+                         f"is not within the run's steps after warm-up ({end[first] - end[0]:.1f} to "
+                         f"{end[-1] - end[0]:.1f} s): give more steps or another window")
     return lo, hi
+
+
+def whole_cycles(end: np.ndarray, first: int, start: float, length: float) -> Tuple[int, int]:
+    """counted()'s steps of the whole on/off cycles (of ``length`` s, the first from ``start``) after step
+    ``first``: so that every runner's mean step weighs the phases alike (a fixed number of steps ends mid-cycle,
+    and a faster runner's steps fall more in its slow phase)."""
+    begin = start + length * np.ceil((end[first] - start) / length)
+    cycles = np.floor((end[-1] - begin) / length)
+    if cycles < 1:
+        raise ValueError(f"the run's steps after warm-up ({end[-1] - end[first]:.1f} s) hold no whole on/off cycle "
+                         f"of {length:.1f} s: give more steps")
+    return counted(end, first, begin, begin + cycles * length)

@@ -31,9 +31,10 @@ before it happens), so the table's first line also gives what a causal controlle
 the best of the last step's speeds and EMAs of them (weights 0.3, 0.5, 0.7), each step split by what the steps
 before it measured.
 
-Under onoff only the steps of whole on/off cycles after warm-up count (the co-tenant's phases are timed from its
-first on-phase, on the same clock as the steps): a fixed number of steps ends mid-cycle, and a runner fast in one
-phase would spend more of its steps in the other. --steps must leave at least one whole cycle (2 x --period s).
+Under onoff only the steps of whole on/off cycles after warm-up count, under trace those of one stretch of the
+series, the same for every runner (--trace-window; the co-tenant's phases and series are timed from their start,
+on the same clock as the steps): a fixed number of steps ends mid-cycle or mid-series, and a runner fast in one
+phase would spend more of its steps in another. --steps must cover it (onoff: a whole cycle, 2 x --period s).
 
 Prints a Markdown table (mean step after warm-up over the rounds: min-max, speed-up over plain, fraction of the
 ideal speed-up, how far each runner's slower rank computed above the oracle split of its own steps' speeds (how
@@ -233,7 +234,7 @@ def run(runner, a, folder, tag):
             tenant.join()
     with open(out) as f:
         rec = json.load(f)
-    rec["cycle"] = cotenants.cycle_of(tenant, a.scenario, a.period)  # onoff: the phases' clock, kept
+    rec["tenant_start"] = cotenants.start_of(tenant)  # onoff, trace: when its phases or series began
     with open(out, "w") as f:
         json.dump(rec, f)
     return rec
@@ -248,9 +249,21 @@ def kept(folder, tag):
                  "benchmark with the same --out, --scenario, --runners and --repeats first")
 
 
-def summarise(rec, warmup):
+def counted_steps(rec, a):
+    """(lo, hi): the steps lo+1..hi of a run to count: after warm-up; under onoff those of whole cycles, under
+    trace those in --trace-window (the same stretch of the series for every runner)."""
     end = np.array(rec["end"])
-    lo, hi = cotenants.whole_cycles(end, warmup, rec.get("cycle"))  # steps lo+1..hi (onoff: whole cycles)
+    start = rec.get("tenant_start")
+    if a.scenario == "onoff" and start is not None:
+        return cotenants.whole_cycles(end, a.warmup, start, 2 * a.period)
+    if a.scenario == "trace" and start is not None:
+        return cotenants.counted(end, a.warmup, start + a.trace_window[0], start + a.trace_window[1])
+    return a.warmup, len(end) - 1
+
+
+def summarise(rec, a):
+    end = np.array(rec["end"])
+    lo, hi = counted_steps(rec, a)
     steps = np.diff(end)[lo:hi]
     sizes = np.array(rec["sizes"])[lo + 1:hi + 1]
     s = {"step_ms": 1e3 * float(steps.mean()), "rank1_share": float(sizes[:, 1].mean()), "steps": hi - lo}
@@ -276,7 +289,9 @@ def table(results, a):
     causal = [r["causal_ms"] for r in results["plain"]]
     reachable = np.mean(plain) / (np.mean(plain) - np.mean(saved) + np.mean(causal))
     counted = np.mean([r["steps"] for rs in results.values() for r in rs])
-    window = f"; whole on/off cycles only: {counted:.0f} steps a run counted" if a.scenario == "onoff" else ""
+    window = {"onoff": f"; whole on/off cycles only: {counted:.0f} steps a run counted",
+              "trace": f"; the series' {a.trace_window[0]:g}-{a.trace_window[1]:g} s only: {counted:.0f} steps a run "
+                       "counted"}.get(a.scenario, "")
     lines = [f"scenario {a.scenario}: {a.repeats} rounds of {a.steps} steps (first {a.warmup} not counted{window}); "
              f"ideal speed-up over plain {ideal:.2f}x (the per-step oracle split of plain's measured speeds); the best "
              f"causal split of the same speeds (last step's or an EMA's, replayed) {reachable:.2f}x, "
@@ -308,6 +323,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=40)
     ap.add_argument("--period", type=float, default=1.5, help="onoff: seconds on, then off")
     ap.add_argument("--tick", type=float, default=0.25, help="trace: seconds per trace sample")
+    ap.add_argument("--trace-window", type=lambda v: [float(x) for x in v.split(",")], default=[5.0, 11.0],
+                    help="trace: the steps counted, FROM,TO seconds after the series began (default 5,11)")
     ap.add_argument("--balancer", default="lbbsp-cpu")
     ap.add_argument("--predictor", default="narx")
     ap.add_argument("--balancer-b", default="lbbsp-cpu;band=1",
@@ -328,7 +345,7 @@ def main():
         order = runners[rep % len(runners):] + runners[:rep % len(runners)]  # rotate: no runner always first
         for runner in order:
             rec = kept(folder, f"{runner}-{rep}") if a.tabulate else run(runner, a, folder, f"{runner}-{rep}")
-            results[runner].append(summarise(rec, a.warmup))
+            results[runner].append(summarise(rec, a))
             print(f"round {rep} {runner}: {results[runner][-1]}", file=sys.stderr, flush=True)
     text = table(results, a)
     print(text)
