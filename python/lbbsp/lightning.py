@@ -29,6 +29,7 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer.states import RunningStage
 
 from .torch import LoadBalancer
+from .torch.ddp import mean_in_hook
 from .torch.exchange import is_collective_error
 from .torch.fsdp import is_fsdp2
 from .torch.sampler import default_global_batch, require_map_style
@@ -104,9 +105,10 @@ class _LoadBalancing:
             global_batch = default_global_batch(dataloader, self.world_size, trainer.accumulate_grad_batches,
                                                 f"{name} (the training DataLoader)", f"{name}(global_batch=...)")
         if self.load_balancer is None:
-            self.load_balancer = LoadBalancer(self._balanced_model(), dataset_size=len(dataset),
-                                              global_batch=global_batch,
-                                              micro_batches=trainer.accumulate_grad_batches, **self._lb_args)
+            model, accumulate = self._balanced_model(), trainer.accumulate_grad_batches
+            self.load_balancer = LoadBalancer(model, dataset_size=len(dataset), global_batch=global_batch,
+                                              micro_batches=accumulate, loss_reduction=mean_in_hook(model, accumulate),
+                                              **self._lb_args)
         self._check_accumulation()
         if self._pending_state is not None:
             self.load_balancer.load_state_dict(self._pending_state)
@@ -130,9 +132,10 @@ class _LoadBalancing:
 
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         lb = self.load_balancer
-        if lb is not None and self.lightning_module.trainer.training:
+        if lb is not None and self.lightning_module.trainer.training and lb.loss.reduction is None:
             # Lightning divided the micro-batch's mean loss by accumulate_grad_batches; the balancer weights each
-            # micro-batch by its own size instead: its share of the step's global batch.
+            # micro-batch by its own size instead: its share of the step's global batch. (With one micro-batch
+            # and DDP the hook weights the gradients: loss_reduction="mean".)
             closure_loss = lb.scale(closure_loss * lb.micro_batches)
         try:
             return super().backward(closure_loss, optimizer, *args, **kwargs)  # type: ignore[misc]

@@ -69,8 +69,9 @@ class Net(pl.LightningModule):
         rank = self.trainer.global_rank
         params = torch.cat([p.detach().flatten() for p in self.net.parameters()]).numpy()
         logged = sorted(k for k in self.trainer.callback_metrics if k.startswith("lbbsp/"))
+        reduction = self.trainer.strategy.load_balancer.loss.reduction  # "mean": the hook weights the loss
         write_pickle(os.path.join(self.out, f"lightning-{rank}.pkl"),
-                     {"params": params, "sizes": self.sizes, "logged": logged})
+                     {"params": params, "sizes": self.sizes, "logged": logged, "reduction": reduction})
 
 
 class MicroNet(Net):
@@ -96,6 +97,7 @@ def test_lightning_with_gradient_accumulation_equals_one_process(tmp_path):
     got = [read_pickle(tmp_path / f"lightning-{r}.pkl") for r in range(3)]
     micro = np.array([read_pickle(tmp_path / f"micro-{r}.pkl") for r in range(3)])
     assert micro.shape == (3, 40), micro.shape  # 20 steps x 2 micro-batches
+    assert all(g["reduction"] is None for g in got), "micro-batches of unequal size need lb.scale"
     sizes = np.array(got[0]["sizes"])[::2]  # recorded at every micro-batch
     assert (micro[:, ::2] + micro[:, 1::2] == sizes.T).all(), (micro, sizes)
     assert "lbbsp/batch_size" in got[0]["logged"], got[0]["logged"]
@@ -123,6 +125,8 @@ def test_lightning_compiled_module_equals_one_process(tmp_path):
     got = [read_pickle(tmp_path / f"lightning-{r}.pkl") for r in range(3)]
     frames = [read_pickle(tmp_path / f"frames-{r}.pkl") for r in range(3)]
     assert all(f > 0 for f in frames), f"dynamo compiled nothing: {frames}"
+    # no accumulation, DDP: the hook weights the mean loss (loss_reduction="mean"), no lb.scale a step
+    assert all(g["reduction"] == "mean" for g in got), [g["reduction"] for g in got]
     assert_random5_equals_one_process(got, np.array(got[0]["sizes"]))
 
 
