@@ -18,10 +18,10 @@ constexpr double IterationRecord::*kDoubleFields[] = {
     &IterationRecord::compute_s,  &IterationRecord::wait_s,          &IterationRecord::allreduce_s,
     &IterationRecord::balancer_s, &IterationRecord::predicted_speed, &IterationRecord::actual_speed,
     &IterationRecord::cpu_avail,  &IterationRecord::mem_avail,       &IterationRecord::load,
-    &IterationRecord::capacity};
+    &IterationRecord::capacity,   &IterationRecord::time_s};
 constexpr const char* kDoubleNames[] = {
-    "compute_s",    "wait_s",    "allreduce_s", "balancer_s", "predicted_speed",
-    "actual_speed", "cpu_avail", "mem_avail",   "load",       "capacity"};
+    "compute_s", "wait_s",    "allreduce_s", "balancer_s", "predicted_speed", "actual_speed",
+    "cpu_avail", "mem_avail", "load",        "capacity",   "time_s"};
 
 // An empty 1-D dataset that grows without limit, in chunks of kChunkRows.
 h5::Handle create_column(hid_t group, const char* name, hid_t type) {
@@ -67,7 +67,7 @@ TelemetryWriter::TelemetryWriter(const std::string& dir, bool csv,
     if (!csv_) throw std::runtime_error("--log-dir: cannot write '" + dir + "/telemetry.csv'");
     std::fprintf(csv_,
                  "iteration,rank,batch,compute_s,wait_s,allreduce_s,balancer_s,predicted_speed,actual_speed,"
-                 "cpu_avail,mem_avail,load,capacity\n");
+                 "cpu_avail,mem_avail,load,capacity,time_s\n");
   }
 }
 
@@ -100,10 +100,10 @@ TelemetryWriter::~TelemetryWriter() {
 void TelemetryWriter::add(const IterationRecord& r) {
   rows_.push_back(r);
   if (csv_) {
-    std::fprintf(csv_, "%lld,%d,%lld,%.9g,%.9g,%.9g,%.9g,%.9g,%.9g,%.6g,%.6g,%.6g,%.6g\n",
+    std::fprintf(csv_, "%lld,%d,%lld,%.9g,%.9g,%.9g,%.9g,%.9g,%.9g,%.6g,%.6g,%.6g,%.6g,%.6f\n",
                  static_cast<long long>(r.iteration), r.rank, static_cast<long long>(r.batch), r.compute_s,
                  r.wait_s, r.allreduce_s, r.balancer_s, r.predicted_speed, r.actual_speed, r.cpu_avail,
-                 r.mem_avail, r.load, r.capacity);
+                 r.mem_avail, r.load, r.capacity, r.time_s);
   }
   if (rows_.size() >= max_rows_) flush();
 }

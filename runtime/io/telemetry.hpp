@@ -27,6 +27,7 @@ struct IterationRecord {
   double actual_speed = 0;     // batch / compute_s
   double cpu_avail = 0, mem_avail = 0, load = 0;
   double capacity = 1;  // emulated capacity factor
+  double time_s = 0;    // when the iteration's compute began, Unix time (to line it up with other logs)
 };
 
 // Columnar HDF5 layout: group /records with one 1-D dataset per field above (same names), one row per

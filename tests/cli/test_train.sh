@@ -33,7 +33,7 @@ mpirun_n 4 "$LBBSP" train --data "$SCRATCH/f.h5" --model logreg --epochs 1 --glo
   --test-subset 1000 \
   --log-dir "$SCRATCH/run" --csv --timeline "$SCRATCH/timeline.json" --summary-json "$SCRATCH/lb.json" --quiet
 /usr/bin/python3 - "$SCRATCH" <<'PY'
-import json, sys, h5py, numpy as np
+import json, sys, time, h5py, numpy as np
 d = sys.argv[1]
 t = json.load(open(d + "/timeline.json"))
 assert {e["pid"] for e in t if e.get("ph") == "X"} == {0, 1, 2, 3}
@@ -41,8 +41,12 @@ assert {e["tid"] for e in t if e.get("ph") == "X"} >= {"compute", "allreduce", "
 with h5py.File(d + "/run/telemetry.h5", "r") as f:
     r = {k: f["records"][k][:] for k in f["records"].keys()}
 for k in ["iteration", "rank", "batch", "compute_s", "wait_s", "allreduce_s", "balancer_s", "predicted_speed",
-          "actual_speed", "cpu_avail", "mem_avail", "load", "capacity"]:
+          "actual_speed", "cpu_avail", "mem_avail", "load", "capacity", "time_s"]:
     assert k in r and len(r[k]) == 160, (k, len(r.get(k, [])))
+# time_s: each iteration's start in Unix time, the same for every rank's row, rising, within this run
+began = r["time_s"][r["rank"] == 0]
+assert (r["time_s"].reshape(40, 4) == began[:, None]).all() and (np.diff(began) > 0).all(), began
+assert 0 < time.time() - began[-1] < 300 and began[-1] - began[0] < 300, (began[0], began[-1], time.time())
 late = r["iteration"] >= 20
 b = [r["batch"][late & (r["rank"] == i)].mean() for i in range(4)]
 print("mean batch per rank over the last 20 iterations:", [round(x, 1) for x in b])

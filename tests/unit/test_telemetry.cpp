@@ -31,12 +31,13 @@ IterationRecord row(int64_t it, int32_t rank) {
   r.batch = 10 + rank;
   r.compute_s = 0.001 * (it + 1);
   r.capacity = 0.5;
+  r.time_s = 1.8e9 + 0.25 * static_cast<double>(it);  // Unix time: the float64 keeps a quarter second exact
   return r;
 }
 
 struct Read {
   std::vector<int64_t> iteration, batch;
-  std::vector<double> compute_s, capacity;
+  std::vector<double> compute_s, capacity, time_s;
   std::string model;
 };
 
@@ -48,6 +49,7 @@ Read read_telemetry(const std::string& path) {
   r.batch = h5::read_i64(g, "batch", path);
   r.compute_s = h5::read_f64(g, "compute_s", path);
   r.capacity = h5::read_f64(g, "capacity", path);
+  r.time_s = h5::read_f64(g, "time_s", path);
   for (const char* k : {"rank", "wait_s", "allreduce_s", "balancer_s", "predicted_speed", "actual_speed",
                         "cpu_avail", "mem_avail", "load"})
     EXPECT_EQ(h5::dims(h5::open_dataset(g, k, path)).at(0), r.iteration.size()) << k;
@@ -88,6 +90,7 @@ TEST(TelemetryWriter, FlushAppendsAndTheFileOnDiskHoldsEveryFlushedRow) {
   ASSERT_EQ(all.iteration.size(), 9u);
   EXPECT_EQ(all.iteration.back(), 4);
   EXPECT_DOUBLE_EQ(all.capacity.back(), 0.5);
+  EXPECT_DOUBLE_EQ(all.time_s.back(), row(all.iteration.back(), 0).time_s);
 }
 
 TEST(TelemetryWriter, HoldsAtMostItsBufferAndFlushesByItself) {

@@ -1,6 +1,7 @@
 // The telemetry hook: rank 0's per-rank rows (HDF5/CSV) and timeline slices of every iteration, from the
 // slots every rank's measurements reached it in (runtime/io/telemetry.hpp writes them).
 #include <algorithm>
+#include <chrono>
 
 #include "runtime/io/telemetry.hpp"
 #include "runtime/train/hooks.hpp"
@@ -14,7 +15,14 @@ class TelemetryHook : public TrainHook {
   const char* name() const override { return "telemetry"; }
   TelemetryHook(RunLog& log, int ranks) : log_(log), ranks_(ranks) {}
 
-  void on_train_begin(const TrainContext& c) override { log_.set_origin(c.t0); }
+  void on_train_begin(const TrainContext& c) override {
+    log_.set_origin(c.t0);
+    // The training clock's zero in Unix time: iterations carry when they began on the system clock.
+    const auto since_t0 = std::chrono::steady_clock::now() - c.t0;
+    origin_unix_s_ =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
+        std::chrono::duration<double>(since_t0).count();
+  }
 
   void on_iteration_end(const IterationContext& c) override {
     // The allreduce as rank 0 saw it, less the time it waited there for the slowest rank.
@@ -36,6 +44,7 @@ class TelemetryHook : public TrainHook {
       rec.mem_avail = s[kMem];
       rec.load = s[kLoad];
       rec.capacity = s[kCapacity];
+      rec.time_s = origin_unix_s_ + c.start_s;
     }
     log_.add_iteration(c.start_s, records);
   }
@@ -45,6 +54,7 @@ class TelemetryHook : public TrainHook {
  private:
   RunLog& log_;
   int ranks_;
+  double origin_unix_s_ = 0;
 };
 
 }  // namespace
