@@ -40,9 +40,10 @@ def trace_shares(machine: str = "m_1937", start: int = 6200, count: int = 600) -
 
 
 def run(kind: str, core: int, period: float, tick: float, anchor: Any = None) -> None:
-    """The co-tenant's body (never returns): ``kind`` on CPU ``core``. ``anchor``: a shared double that onoff sets
-    to the time.perf_counter() its first on-phase began, trace to when its series began (the clock is the
-    machine's CLOCK_MONOTONIC, the same in every process); onoff's phases then follow from it, on time."""
+    """The co-tenant's body (never returns): ``kind`` on CPU ``core``. ``anchor``: two shared doubles that onoff
+    sets to when its first on-phase began, trace to when its series began: time.perf_counter() (the machine's
+    CLOCK_MONOTONIC, the same in every process) and time.time() (Unix time, as `lbbsp train`'s telemetry's
+    time_s); onoff's phases then follow from it, on time."""
     os.sched_setaffinity(0, {core})
     if kind == "steady":
         while True:
@@ -50,14 +51,14 @@ def run(kind: str, core: int, period: float, tick: float, anchor: Any = None) ->
     elif kind == "onoff":
         t0 = time.perf_counter()
         if anchor is not None:
-            anchor.value = t0
+            anchor[:] = [t0, time.time()]
         for cycle in itertools.count():
             spin_until(t0 + (2 * cycle + 1) * period)
             time.sleep(max(0.0, t0 + (2 * cycle + 2) * period - time.perf_counter()))
     elif kind == "trace":
         shares = trace_shares()
         if anchor is not None:
-            anchor.value = time.perf_counter()
+            anchor[:] = [time.perf_counter(), time.time()]
         while True:
             for u in shares:
                 end = time.perf_counter() + tick
@@ -78,19 +79,20 @@ def start(kind: str, core: int = 1, period: float = 1.5, tick: float = 0.5) -> O
     if kind not in KINDS:
         raise ValueError(f"co-tenant {kind!r}: choose one of {', '.join(KINDS)}")
     ctx = multiprocessing.get_context("spawn")
-    anchor = ctx.Value("d", float("nan"), lock=False)
+    anchor = ctx.Array("d", [float("nan")] * 2, lock=False)
     p = ctx.Process(target=run, args=(kind, core, period, tick, anchor), daemon=True)
     p.start()
     p.anchor = anchor  # type: ignore[attr-defined]
     return p
 
 
-def start_of(tenant: Optional[multiprocessing.Process]) -> Optional[float]:
-    """When an onoff or trace co-tenant began its first phase or sample, in seconds of time.perf_counter(); None
-    for the other kinds (or where it never started)."""
-    if tenant is None or tenant.anchor.value != tenant.anchor.value:  # NaN: not set
+def start_of(tenant: Optional[multiprocessing.Process], unix: bool = False) -> Optional[float]:
+    """When an onoff or trace co-tenant began its first phase or sample, in seconds of time.perf_counter() (or
+    with ``unix`` of time.time()); None for the other kinds (or where it never started)."""
+    if tenant is None:
         return None
-    return float(tenant.anchor.value)
+    value = float(tenant.anchor[1 if unix else 0])
+    return None if value != value else value  # NaN: not set
 
 
 def counted(end: np.ndarray, first: int, lo_s: float, hi_s: float) -> Tuple[int, int]:

@@ -27,7 +27,9 @@ tracks, apart from what the co-tenant and the machine did in its runs; how far t
 oracle: the tracking plus the allreduce and the control plane, the controllers compared on equal machines; rank 1's
 mean share), and what the best causal split of bsp's speeds reaches (bench/oracle_split.py, as torch_cotenant.py:
 each iteration split by the last one's speeds or an EMA of them). --tabulate prints the table again from the runs
-kept under --out.
+kept under --out. Under onoff only the iterations of whole on/off cycles after warm-up count, under trace those in
+--trace-window (the same stretch of the series for every runner), lined up with the co-tenant by the telemetry's
+time_s, as bench/torch_cotenant.py does: --iterations must cover them.
 
     python3 bench/train_cotenant.py --scenario steady --repeats 3 --out results/train-cotenant
 """
@@ -40,6 +42,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import cotenants  # bench/cotenants.py
 import numpy as np
@@ -49,13 +52,14 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNNERS = {"bsp": ["--balancer", "bsp"], "lbbsp": ["--balancer", "lbbsp-cpu", "--predictor", "narx"],
            "omnilearn": ["--balancer", "omnilearn"], "naive": ["--balancer", "naive"]}
 PEERS = ("omnilearn", "naive")  # balancer kinds of lbbsp_peers only
+SAMPLES = 60000  # the synthetic set's
 
 
 def dataset(args: argparse.Namespace) -> Path:
     path = Path(args.out) / "synth784.h5"
     if not path.exists():
-        subprocess.run([args.lbbsp, "data", "synth", "--samples", "60000", "--features", "784", "--out", str(path)],
-                       check=True)
+        subprocess.run([args.lbbsp, "data", "synth", "--samples", str(SAMPLES), "--features", "784", "--out",
+                        str(path)], check=True)
     return path
 
 
@@ -64,6 +68,7 @@ def train(args: argparse.Namespace, runner: str, data: Path, tag: str) -> dict:
     binary = args.peers if runner in PEERS else args.lbbsp
     cmd = [args.mpirun, "-n", "2", "--bind-to", "core", "--map-by", "core", binary, "train", "--data", str(data),
            "--model", "cnn", "--global-batch", str(args.batch), "--max-iterations", str(args.iterations),
+           "--epochs", str(math.ceil(args.iterations * args.batch / SAMPLES)),  # else one epoch ends the run
            "--eval-every", "0", "--quiet", "--log-dir", str(log), "--csv", "--summary-json", str(log / "summary.json"),
            *RUNNERS[runner]]
     tenant = cotenants.start(args.scenario, core=1, period=args.period, tick=args.tick)
@@ -73,22 +78,38 @@ def train(args: argparse.Namespace, runner: str, data: Path, tag: str) -> dict:
         if tenant is not None:
             tenant.kill()
             tenant.join()
-    return summarise(log / "telemetry.csv", args.warmup, args.batch)
+    with open(log / "tenant.json", "w") as f:  # onoff, trace: when its phases or series began (Unix time)
+        json.dump({"start": cotenants.start_of(tenant, unix=True)}, f)
+    return summarise(log, args)
 
 
-def summarise(telemetry: Path, warmup: int, batch: int) -> dict:
+def counted(by_it: dict, args: argparse.Namespace, start: Optional[float]) -> list:
+    """The iterations to count (each {rank: row}): after warm-up; under onoff those of whole on/off cycles, under
+    trace those in --trace-window, by their telemetry's time_s (as bench/torch_cotenant.py's steps)."""
+    its = [by_it[k] for k in sorted(by_it) if len(by_it[k]) == 2]
+    began = np.array([float(v[0]["time_s"]) for v in its])
+    if start is None or args.scenario not in ("onoff", "trace"):
+        return its[args.warmup:]
+    if args.scenario == "onoff":
+        lo, hi = cotenants.whole_cycles(began, args.warmup, start, 2 * args.period)
+    else:
+        lo, hi = cotenants.counted(began, args.warmup, start + args.trace_window[0], start + args.trace_window[1])
+    return its[lo:hi]  # iterations lo..hi-1 begin and end within the window
+
+
+def summarise(log: Path, args: argparse.Namespace) -> dict:
     """Mean iteration (the slowest rank's compute + wait + allreduce + balancer), rank 1's share, and the ideal."""
-    rows = [r for r in csv.DictReader(open(telemetry)) if int(r["iteration"]) >= warmup]
     by_it: dict = {}
-    for r in rows:
+    for r in csv.DictReader(open(log / "telemetry.csv")):
         by_it.setdefault(int(r["iteration"]), {})[int(r["rank"])] = r
-    its = [v for v in by_it.values() if len(v) == 2]
+    start = json.load(open(log / "tenant.json"))["start"] if (log / "tenant.json").exists() else None
+    its, batch = counted(by_it, args, start), args.batch
     total = [max(float(v[r]["compute_s"]) + float(v[r]["wait_s"]) + float(v[r]["allreduce_s"]) +
                  float(v[r]["balancer_s"]) for r in v) for v in its]
     compute = np.array([[float(v[r]["compute_s"]) for r in (0, 1)] for v in its])
     sizes = np.array([[float(v[r]["batch"]) for r in (0, 1)] for v in its])
     speeds = sizes / np.maximum(compute, 1e-9)
-    return {"iteration": float(np.mean(total)), "share1": float(np.mean(sizes[:, 1])),
+    return {"iteration": float(np.mean(total)), "share1": float(np.mean(sizes[:, 1])), "counted": len(its),
             "slowest": float(np.mean(compute.max(axis=1))), "ideal": float(np.mean(batch / speeds.sum(axis=1))),
             "causal": oracle_split.causal_above_oracle(speeds.T, batch)}
 
@@ -123,6 +144,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--period", type=float, default=1.5, help="onoff: seconds on, then off")
     p.add_argument("--tick", type=float, default=0.5, help="trace: seconds a trace sample lasts")
+    p.add_argument("--trace-window", type=lambda v: [float(x) for x in v.split(",")], default=[5.0, 11.0],
+                   help="trace: the iterations counted, FROM,TO seconds after the series began (default 5,11)")
     p.add_argument("--lbbsp", default=str(ROOT / "build" / "lbbsp"))
     p.add_argument("--peers", default=str(ROOT / "build" / "bench" / "lbbsp_peers"),
                    help="the lbbsp command with the peers' balancer kinds (bench/train_peers.cpp)")
@@ -136,8 +159,8 @@ def main() -> None:
         if not record.exists():
             p.error(f"--tabulate: no {record}: run the scenario with the same --out first")
         kept = json.load(open(record))
-        print(table({name: [summarise(Path(args.out) / f"{args.scenario}-{name}-{i}" / "telemetry.csv", args.warmup,
-                                      args.batch) for i in range(len(runs))] for name, runs in kept.items()}))
+        print(table({name: [summarise(Path(args.out) / f"{args.scenario}-{name}-{i}", args)
+                            for i in range(len(runs))] for name, runs in kept.items()}))
         return
     names = args.runners.split(",")
     if "bsp" not in names or not set(names) <= set(RUNNERS):
@@ -153,8 +176,11 @@ def main() -> None:
         for name in names[turn:] + names[:turn]:
             results[name].append(train(args, name, data, f"{args.scenario}-{name}-{round_}"))
             print(f"round {round_} {name}: {results[name][-1]}", file=sys.stderr, flush=True)
+    counted_its = np.mean([r["counted"] for runs in results.values() for r in runs])
     print(f"lbbsp train, co-tenant {args.scenario}, 2 ranks bound to cores 0 and 1, CNN, batch {args.batch}, "
-          f"{args.iterations} iterations ({args.warmup} not counted), {args.repeats} rounds")
+          f"{args.iterations} iterations ({args.warmup} not counted; {counted_its:.0f} counted a run on average"
+          f"{': whole on/off cycles' if args.scenario == 'onoff' else ''}"
+          f"{': the trace window' if args.scenario == 'trace' else ''}), {args.repeats} rounds")
     print(table(results))
     with open(Path(args.out) / f"{args.scenario}.json", "w") as f:
         json.dump(results, f)
