@@ -2,8 +2,9 @@
 parameters equal one process's on the same global batches, with the sizes agreed on by every rank and 0-sample
 ranks among them: a summed loss through the comm hook (2 to 16 ranks, the reports riding in the last gradient
 bucket or all-gathered, lag 2, DDP's options, one rank, torch.compile), a mean loss with an L2 term through
-lb.scale or weighted in the hook (loss_reduction, on the C++ and the Python path), data-parallel subgroups, gradient accumulation under no_sync and the sampler's micro-batches; bf16
-autocast with a skipped non-finite step alike on every rank. The shared harness is harness.py."""
+lb.scale or weighted in the hook (loss_reduction, on the C++ and the Python path), data-parallel subgroups,
+gradient accumulation under no_sync and the sampler's micro-batches; bf16 autocast with a skipped non-finite step
+alike on every rank. The shared harness is harness.py."""
 
 import contextlib
 import os
