@@ -182,6 +182,12 @@ def sum_of_squares(model):
     return sum((p * p).sum() for p in model.parameters())
 
 
+def native_expected(path="auto"):
+    """Whether the DDP tests run lbbsp.torch's C++ step path: on PyTorch 2.x unless turned off (run_torch2_tests.sh
+    builds it first, so a build that fails fails there, not here as a silent fall-back)."""
+    return path != "0" and int(torch.__version__.split(".")[0]) >= 2
+
+
 def one_process(steps, global_batch, seed=3, l2=0.0, mean=False, momentum=0.9):
     """One process on the same global batches: the summed loss / X, or (mean=True) the mean loss + l2 x the
     squared parameters."""

@@ -37,10 +37,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lbbsp.torch import LoadBalancer
 
-if TORCH2:  # importing torch.distributed.fsdp fails on 1.13 under Python 3.11 (a dataclass default)
-    from torch.distributed import fsdp as _fsdp
-HAS_FSDP2 = TORCH2 and hasattr(_fsdp, "fully_shard")
-
 # ---- bad arguments: a clear exception on every rank ----
 
 
@@ -60,18 +56,6 @@ def _bad_args_worker(rank, world, store, out):
         from torch.distributed import fsdp
         cases["fsdp1"] = dict(dataset_size=100, global_batch=10, model=fsdp.FullyShardedDataParallel(
             torch.nn.Linear(2, 2), device_id=torch.device("cpu")))
-    plain = DDP(make_model())  # loss_reduction's errors come before any hook is registered
-    cases.update({
-        "reduction": dict(dataset_size=100, global_batch=10, model=plain, loss_reduction="avg"),
-        "reduction_no_model": dict(dataset_size=100, global_batch=10, loss_reduction="mean"),
-        "reduction_micro": dict(dataset_size=100, global_batch=10, model=plain, loss_reduction="mean",
-                                micro_batches=2),
-    })
-    if HAS_FSDP2:
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        sharded = fully_shard(torch.nn.Linear(2, 2), mesh=init_device_mesh("cpu", (world,)))
-        cases["reduction_fsdp"] = dict(dataset_size=100, global_batch=10, model=sharded, loss_reduction="sum")
     hooked = DDP(make_model())  # a hook of the user's already there: DDP takes one
     hooked.register_comm_hook(None, lambda state, bucket: dist.all_reduce(bucket.buffer(), async_op=True)
                               .get_future().then(lambda f: f.value()[0]))
@@ -114,12 +98,6 @@ def test_bad_arguments_raise_on_every_rank(tmp_path):
         assert m0["fsdp1"].startswith("TypeError: LoadBalancer: FullyShardedDataParallel (FSDP1) is not supported: "
                                       "apply fully_shard"), m0["fsdp1"]
     assert "past the epoch's 10 steps" in m0["step"]
-    assert m0["reduction"] == "ValueError: LoadBalancer: loss_reduction must be None, 'mean' or 'sum', got 'avg'"
-    refused = ["reduction_no_model"] + (["reduction_fsdp"] if HAS_FSDP2 else [])
-    for name in refused:  # no model, or FSDP2: no DDP hook to weight the gradients in
-        assert m0[name].startswith("ValueError: LoadBalancer: loss_reduction=") and \
-            "it needs a DistributedDataParallel model" in m0[name], m0[name]
-    assert "loss_reduction='mean' needs micro_batches=1" in m0["reduction_micro"], m0["reduction_micro"]
 
 
 def _mismatch_worker(rank, world, store, out):
@@ -279,38 +257,8 @@ def _loss_check_worker(rank, world, store, out):
         for _ in range(2):
             F.cross_entropy(model(x[:8]), y[:8]).backward()
     result["dropped"] = [str(w.message) for w in caught if "LoadBalancer" in str(w.message)]
-    result.update(_hook_weighted_checks(x, y))
     write_pickle(os.path.join(out, f"loss-{rank}.pkl"), result)
     finish()
-
-
-def _hook_weighted_checks(x, y):
-    """loss_reduction='mean': a plain mean loss does not warn, a forward on other rows than the rank's share
-    does (once, at step()), scale() raises, and the dropped LoadBalancer's hook averages as DDP does."""
-    gc.collect()
-    model = DDP(make_model())
-    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:2", seed=1, monitor=fixed_metrics,
-                      loss_reduction="mean")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for g in range(4):
-            share = int(lb.batch_sizes[lb.rank])
-            idx = torch.from_numpy(lb.indices(0, g)) if g < 2 else torch.arange(share + 1)  # steps 2, 3: wrong rows
-            F.cross_entropy(model(x[idx]), y[idx]).backward()
-            lb.step()
-    result = {"weighted": [str(w.message) for w in caught]}
-    try:
-        lb.scale(torch.zeros(()))
-        result["weighted_scale"] = "no error"
-    except RuntimeError as e:
-        result["weighted_scale"] = str(e)
-    lb = None
-    gc.collect()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        F.cross_entropy(model(x[:8]), y[:8]).backward()
-    result["weighted_dropped"] = [str(w.message) for w in caught if "LoadBalancer" in str(w.message)]
-    return result
 
 
 def test_unscaled_mean_loss_warns_once(tmp_path):
@@ -321,12 +269,6 @@ def test_unscaled_mean_loss_warns_once(tmp_path):
         assert got["scaled"] == got["sum"] == got["opted_out"] == [], got
         assert "must be a scalar tensor" in got["vector"], got
         assert len(got["dropped"]) == 1 and "LoadBalancer is gone" in got["dropped"][0], got["dropped"]
-        weighted = got["weighted"]
-        assert len(weighted) == 1 and weighted[0].startswith("LoadBalancer.step: step 2: the model's last forward"), \
-            weighted
-        assert "has loss_reduction='mean'" in got["weighted_scale"], got["weighted_scale"]
-        assert len(got["weighted_dropped"]) == 1 and "averages the gradients as DDP does" in \
-            got["weighted_dropped"][0], got["weighted_dropped"]
 
 
 # ---- an exception on a non-zero rank in step() ends every rank, naming it ----

@@ -1,10 +1,10 @@
 """lbbsp.torch is exact on real gloo process groups (torch.multiprocessing, one thread per rank): every rank's
 parameters equal one process's on the same global batches, with the sizes agreed on by every rank and 0-sample
 ranks among them: a summed loss through the comm hook (2 to 16 ranks, the reports riding in the last gradient
-bucket or all-gathered, lag 2, DDP's options, one rank, torch.compile), a mean loss with an L2 term through
-lb.scale or weighted in the hook (loss_reduction, on the C++ and the Python path), data-parallel subgroups,
+bucket or all-gathered, lag 2, DDP's options, one rank, torch.compile), data-parallel subgroups,
 gradient accumulation under no_sync and the sampler's micro-batches; bf16 autocast with a skipped non-finite step
-alike on every rank. The shared harness is harness.py."""
+alike on every rank (a mean loss through lb.scale or loss_reduction: test_torch_loss.py). The shared harness is
+harness.py."""
 
 import contextlib
 import os
@@ -25,10 +25,10 @@ from harness import (
     flat_params,
     init,
     make_model,
+    native_expected,
     one_process,
     read_pickle,
     spawn,
-    sum_of_squares,
     write_pickle,
 )
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -135,12 +135,6 @@ def _exact_worker(rank, world, store, out, steps, global_batch, piggyback=True, 
     finish()
 
 
-def native_expected(path="auto"):
-    """Whether the DDP tests run lbbsp.torch's C++ step path: on PyTorch 2.x unless turned off (run_torch2_tests.sh
-    builds it first, so a build that fails fails there, not here as a silent fall-back)."""
-    return path != "0" and int(torch.__version__.split(".")[0]) >= 2
-
-
 @pytest.mark.parametrize("world, piggyback, lag, path", [
     (2, True, 0, "auto"), (3, True, 0, "auto"), (4, True, 0, "auto"), (16, True, 0, "auto"), (3, False, 0, "auto"),
     (3, True, 2, "auto"), (3, True, 0, "0"), (3, False, 0, "0"), (3, True, 2, "0"), (3, "refused", 0, "0")])
@@ -206,53 +200,6 @@ def test_compiled_model_is_exact(tmp_path):
     assert all(g[0] == got[0][0] for g in got), "ranks disagree on the batch sizes"
     assert len({tuple(r) for r in got[0][0]}) > 5, "the split hardly changed"
     assert_equal_to_one_process(one_process(steps, X), [tmp_path / f"exact-3-{r}.npy" for r in range(3)])
-
-
-# ---- a mean-reduced loss through lb.scale (with an L2 term inside) equals one process ----
-
-L2 = 1e-2
-
-
-def _mean_worker(rank, world, store, out, steps, global_batch, reduction=None, path="auto"):
-    init(rank, world, store)
-    os.environ["LBBSP_TORCH_NATIVE"] = path
-    x, y = data()
-    model = DDP(make_model())
-    lb = LoadBalancer(model, dataset_size=N, global_batch=global_batch, balancer="random:5", seed=3,
-                      monitor=fixed_metrics, loss_reduction=reduction)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    sizes = []
-    for g in range(steps):
-        idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
-        sizes.append(lb.batch_sizes.tolist())
-        logits = model(x[idx])
-        if reduction == "sum":  # the sum over the rank's samples: its L2 term weighted by n_r, as one process's
-            loss = F.cross_entropy(logits, y[idx], reduction="sum") + len(idx) * L2 * sum_of_squares(model.module)
-        else:
-            loss = F.cross_entropy(logits, y[idx]) + L2 * sum_of_squares(model.module)
-        if reduction is None:
-            loss = lb.scale(loss)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        lb.step()
-    params = torch.cat([p.detach().flatten() for p in model.module.parameters()]).numpy()
-    np.save(os.path.join(out, f"mean-{rank}.npy"), params)
-    write_pickle(os.path.join(out, f"mean-sizes-{rank}.pkl"), (sizes, lb.native is not None))
-    finish()
-
-
-@pytest.mark.parametrize("reduction, path", [(None, "auto"), ("mean", "auto"), ("mean", "0"), ("sum", "auto")])
-def test_mean_loss_with_l2_equals_one_process(tmp_path, reduction, path):
-    """A mean loss with an L2 term, through lb.scale or left as it is with loss_reduction (the hook weights the
-    gradients, in C++ or on the Python path; a sum loss alike), equals one process, 0-sample ranks included."""
-    world, steps, X = 3, 20, 24
-    spawn(_mean_worker, world, tmp_path, steps, X, reduction, path)
-    sizes, native_path = read_pickle(tmp_path / "mean-sizes-0.pkl")
-    assert native_path == native_expected(path)
-    assert (np.array(sizes) == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
-    ref = one_process(steps, X, l2=L2, mean=True)
-    assert_equal_to_one_process(ref, [tmp_path / f"mean-{r}.npy" for r in range(world)])
 
 
 # ---- data-parallel subgroups: 4 processes as 2 groups of 2, each balanced on its own ----
