@@ -1,8 +1,8 @@
-"""lbbsp.torch's errors, warnings and hangs on real gloo process groups: bad arguments and ranks built unlike
-each other raise on every rank, init_process_group missing, a hung rank named by the others' timeout, an exception
-on one rank ending all with it named, a rank using another batch vector named (by its global rank in a subgroup),
-only collective errors taken for a hung peer, init_from_env's timeout, and the warnings for plain BatchNorm and
-an unscaled mean loss. The shared harness is harness.py."""
+"""lbbsp.torch's errors, warnings and hangs on real gloo process groups: a hung rank named by the others'
+timeout, an exception on one rank ending all with it named, a rank using another batch vector named (by its global
+rank in a subgroup), only collective errors taken for a hung peer, init_from_env's timeout, and the warnings for
+plain BatchNorm and an unscaled mean loss (construction arguments: test_torch_args.py). The shared harness is
+harness.py."""
 
 import datetime
 import gc
@@ -22,7 +22,6 @@ from harness import (
     TORCH2,
     N,
     data,
-    dump_rank,
     finish,
     fixed_metrics,
     init,
@@ -36,113 +35,6 @@ from harness import (
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lbbsp.torch import LoadBalancer
-
-# ---- bad arguments: a clear exception on every rank ----
-
-
-def _bad_args_worker(rank, world, store, out):
-    init(rank, world, store)
-    cases = {
-        "balancer": dict(dataset_size=100, global_batch=10, balancer="fastest"),
-        "predictor": dict(dataset_size=100, global_batch=10, predictor="prophet"),
-        "global_batch": dict(dataset_size=100, global_batch=0),
-        "too_big": dict(dataset_size=100, global_batch=200),
-        "lag": dict(dataset_size=100, global_batch=10, lag=-1),
-        "timeout": dict(dataset_size=100, global_batch=10, timeout_s=0),
-        "timeout_bool": dict(dataset_size=100, global_batch=10, timeout_s=True),
-        "model": dict(dataset_size=100, global_batch=10, model=torch.nn.Linear(2, 2)),
-    }
-    if TORCH2:  # FSDP1 on the CPU (FSDP2, fully_shard, is supported: test_fsdp.py)
-        from torch.distributed import fsdp
-        cases["fsdp1"] = dict(dataset_size=100, global_batch=10, model=fsdp.FullyShardedDataParallel(
-            torch.nn.Linear(2, 2), device_id=torch.device("cpu")))
-    hooked = DDP(make_model())  # a hook of the user's already there: DDP takes one
-    hooked.register_comm_hook(None, lambda state, bucket: dist.all_reduce(bucket.buffer(), async_op=True)
-                              .get_future().then(lambda f: f.value()[0]))
-    cases["hooked"] = dict(dataset_size=100, global_batch=10, model=hooked)
-    messages = {}
-    for name, kw in cases.items():
-        model = kw.pop("model", None)
-        try:
-            LoadBalancer(model, **kw)
-            messages[name] = "no error"
-        except (ValueError, TypeError, RuntimeError) as e:
-            messages[name] = f"{type(e).__name__}: {e}"
-    lb = LoadBalancer(None, dataset_size=100, global_batch=10, monitor=fixed_metrics)
-    messages["default_timeout_s"] = lb.timeout_s
-    try:
-        lb.indices(0, 10)
-    except ValueError as e:
-        messages["step"] = str(e)
-    write_pickle(os.path.join(out, f"bad-{rank}.pkl"), messages)
-    finish()
-
-
-def test_bad_arguments_raise_on_every_rank(tmp_path):
-    spawn(_bad_args_worker, 2, tmp_path)
-    m0, m1 = (read_pickle(tmp_path / f"bad-{r}.pkl") for r in range(2))
-    assert m0 == m1
-    assert "unknown balancer 'fastest'" in m0["balancer"]
-    assert "unknown predictor 'prophet'" in m0["predictor"]
-    assert "global_batch must be >= 1" in m0["global_batch"]
-    assert "exceeds dataset_size" in m0["too_big"]
-    assert "lag must be >= 0" in m0["lag"]
-    assert "timeout_s must be a positive" in m0["timeout"] and "timeout_s must be" in m0["timeout_bool"]
-    # By default a long phase on one rank between steps may last as long as a PyTorch collective may wait.
-    assert m0["default_timeout_s"] == dist.default_pg_timeout.total_seconds() == 1800.0
-    assert "must be a DistributedDataParallel" in m0["model"]
-    assert m0["hooked"].startswith("RuntimeError: LoadBalancer: the model already has a communication hook"), \
-        m0["hooked"]
-    assert "fsdp1" in m0 or not TORCH2
-    if TORCH2:
-        assert m0["fsdp1"].startswith("TypeError: LoadBalancer: FullyShardedDataParallel (FSDP1) is not supported: "
-                                      "apply fully_shard"), m0["fsdp1"]
-    assert "past the epoch's 10 steps" in m0["step"]
-
-
-def _mismatch_worker(rank, world, store, out):
-    init(rank, world, store)
-    pair = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]  # every process enters every new_group
-    cases = {  # each a LoadBalancer's arguments on this rank
-        "shard": dict(model=None, dataset_size=N // 4 if rank == 1 else N, global_batch=24),  # a shard's length
-        "seed": dict(model=None, dataset_size=N, global_batch=24, seed=rank),
-        "model_group": dict(model=DDP(make_model()), dataset_size=N, global_batch=24, process_group=pair),
-    }
-    on_some = DDP(make_model())  # built by every process (a collective), handed over by ranks 1-3 only
-    cases["model_on_some"] = dict(model=on_some if rank else None, dataset_size=N, global_batch=24)
-    messages = {}
-    for name, kwargs in cases.items():
-        try:
-            LoadBalancer(monitor=fixed_metrics, timeout_s=30, **kwargs)
-            messages[name] = "built"
-        except ValueError as e:
-            messages[name] = str(e)
-    dump_rank(out, "mismatch", rank, messages)
-    finish()
-
-
-def test_ranks_built_alike_or_every_rank_raises(tmp_path):
-    spawn(_mismatch_worker, 4, tmp_path)
-    got = load_ranks(tmp_path, "mismatch", 4)
-    assert got[0] == got[1] and got[2] == got[3], "the ranks of one group said different things"
-    m = got[0]
-    same = [{k: v for k, v in g.items() if k != "model_group"} for g in (m, got[2])]  # that one names the pair
-    assert same[0] == same[1]
-    assert m["shard"].startswith("LoadBalancer: the ranks were built with different dataset_size: 240 on ranks 0, "
-                                 "2, 3; 60 on rank 1. Every rank must pass the same dataset_size (the whole "
-                                 "dataset's size"), m["shard"]
-    assert "different seed: 0 on rank 0; 1 on rank 1; 2 on rank 2; 3 on rank 3" in m["seed"], m["seed"]
-    assert m["model_group"].startswith("LoadBalancer: the DDP model reduces its gradients over ranks [0, 1, 2, 3] "
-                                       "but process_group balances over ranks [0, 1]"), m["model_group"]
-    assert "balances over ranks [2, 3]" in got[2]["model_group"]
-    assert "different model: None on rank 0; 'DistributedDataParallel' on ranks 1, 2, 3" in m["model_on_some"], \
-        m["model_on_some"]
-
-
-def test_needs_init_process_group():
-    with pytest.raises(RuntimeError, match="init_process_group"):
-        LoadBalancer(None, dataset_size=100, global_batch=10)
-
 
 # ---- a hung rank: the others stop with an error naming it ----
 

@@ -3,6 +3,7 @@ gradients, in C++ on lbbsp.torch's step path or on the Python one): a mean loss 
 either way (0-sample ranks included, a sum loss alike); loss_reduction's refusals, its rows check at step(),
 scale() raising under it, and the dropped LoadBalancer's averaging hook. The shared harness is harness.py."""
 
+import copy
 import gc
 import os
 import warnings
@@ -126,10 +127,11 @@ def test_loss_reduction_refusals_raise_on_every_rank(tmp_path):
 # ---- under loss_reduction: the rows check, scale() refused, the orphaned hook ----
 
 
-def _hook_weighted_worker(rank, world, store, out):
+def _hook_weighted_worker(rank, world, store, out, path):
     """loss_reduction='mean': a plain mean loss does not warn, a forward on other rows than the rank's share
     does (once, at step()), scale() raises, and the dropped LoadBalancer's hook averages as DDP does."""
     init(rank, world, store)
+    os.environ["LBBSP_TORCH_NATIVE"] = path
     x, y = data()
     model = DDP(make_model())
     lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:2", seed=1, monitor=fixed_metrics,
@@ -141,7 +143,7 @@ def _hook_weighted_worker(rank, world, store, out):
             idx = torch.from_numpy(lb.indices(0, g)) if g < 2 else torch.arange(share + 1)  # steps 2, 3: wrong rows
             F.cross_entropy(model(x[idx]), y[idx]).backward()
             lb.step()
-    result = {"weighted": [str(w.message) for w in caught]}
+    result = {"weighted": [str(w.message) for w in caught], "native": lb.native is not None}
     try:
         lb.scale(torch.zeros(()))
         result["weighted_scale"] = "no error"
@@ -149,22 +151,31 @@ def _hook_weighted_worker(rank, world, store, out):
         result["weighted_scale"] = str(e)
     lb = None
     gc.collect()
+    model.zero_grad()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        F.cross_entropy(model(x[:8]), y[:8]).backward()
+        F.cross_entropy(model(x[8 * rank:8 * rank + 8]), y[8 * rank:8 * rank + 8]).backward()  # 8 rows a rank
     result["weighted_dropped"] = [str(w.message) for w in caught if "LoadBalancer" in str(w.message)]
+    alone = copy.deepcopy(model.module)  # DDP's average of two equal means: the mean over both ranks' 16 rows
+    alone.zero_grad()
+    F.cross_entropy(alone(x[:16]), y[:16]).backward()
+    result["dropped_vs_average"] = max(float((p.grad - q.grad).abs().max())
+                                       for p, q in zip(model.module.parameters(), alone.parameters()))
     write_pickle(os.path.join(out, f"weighted-{rank}.pkl"), result)
     finish()
 
 
 
-def test_hook_weighted_loss_checks(tmp_path):
-    spawn(_hook_weighted_worker, 2, tmp_path)
+@pytest.mark.parametrize("path", ["auto", "0"])
+def test_hook_weighted_loss_checks(tmp_path, path):
+    spawn(_hook_weighted_worker, 2, tmp_path, path)
     for r in range(2):
         got = read_pickle(tmp_path / f"weighted-{r}.pkl")
+        assert got["native"] == native_expected(path)
         weighted = got["weighted"]
         assert len(weighted) == 1 and weighted[0].startswith("LoadBalancer.step: step 2: the model's last forward"), \
             weighted
         assert "has loss_reduction='mean'" in got["weighted_scale"], got["weighted_scale"]
         assert len(got["weighted_dropped"]) == 1 and "averages the gradients as DDP does" in \
             got["weighted_dropped"][0], got["weighted_dropped"]
+        assert got["dropped_vs_average"] < 1e-6, got["dropped_vs_average"]

@@ -16,7 +16,7 @@ import lbbsp
 from .. import _lbbsp
 from . import ddp, fsdp, native
 from ._util import positive_int, uncompiled
-from .checks import check_model, check_same_everywhere, timeout
+from .checks import BuiltAlike, check_model, check_model_group, settings_of, timeout
 from .clock import DeviceClock, HostClock
 from .decide import Decisions
 from .exchange import ReportExchange, group_ranks
@@ -89,14 +89,6 @@ class LoadBalancer:
                  micro_batches: int = 1, loss_reduction: Optional[str] = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("LoadBalancer: call torch.distributed.init_process_group() first")
-        self.dataset_size = positive_int(dataset_size, "dataset_size")
-        self.global_batch = positive_int(global_batch, "global_batch")
-        if self.global_batch > self.dataset_size:
-            raise ValueError(f"LoadBalancer: global_batch {global_batch} exceeds dataset_size {dataset_size}")
-        self._auto_lag = lag is None
-        self.lag = 0 if lag is None else positive_int(lag, "lag", 0)
-        self.seed = positive_int(seed, "seed", 0)
-        self.timeout_s = timeout(timeout_s)
         self._ranks = group_ranks(process_group)
         if dist.get_rank() not in self._ranks:
             raise ValueError(f"LoadBalancer: this process (rank {dist.get_rank()}) is not in process_group "
@@ -106,32 +98,43 @@ class LoadBalancer:
         # deciding ("decide_s", the same work on every rank).
         self.timing = {"step_s": 0.0, "wait_s": 0.0, "decide_s": 0.0}
         #: the control plane: every rank's report of a step reaches every rank (lbbsp.torch.exchange)
-        self.exchange = ReportExchange(self._ranks, self.rank, self.timeout_s)
-        # Every rank builds the balancer and decides (so bad arguments raise everywhere alike, and every rank
-        # holds the same state); the reports travel in gloo groups of their own (ReportExchange).
-        self._decisions = Decisions(
-            dict(name=balancer, workers=self.world_size, global_batch=self.global_batch, predictor=predictor,
-                 seed=self.seed, min_batch=min_batch, num_exo=EXO, capacity_exo=lbbsp.RANK_CAPACITY_EXO),
-            self._ranks, self.rank, self.exchange, self.timing, self.lag)
+        self.exchange = ReportExchange(self._ranks, self.rank, timeout(timeout_s, fallback=True))
+        with BuiltAlike(self.exchange) as built:  # an argument that raises on one rank raises on every rank
+            self.timeout_s = timeout(timeout_s)
+            self.dataset_size = positive_int(dataset_size, "dataset_size")
+            self.global_batch = positive_int(global_batch, "global_batch")
+            if self.global_batch > self.dataset_size:
+                raise ValueError(f"LoadBalancer: global_batch {global_batch} exceeds dataset_size {dataset_size}")
+            self._auto_lag = lag is None
+            self.lag = 0 if lag is None else positive_int(lag, "lag", 0)
+            self.seed = positive_int(seed, "seed", 0)
+            # Every rank builds the balancer and decides (every rank holds the same state); the reports travel in
+            # gloo groups of their own (ReportExchange).
+            self._decisions = Decisions(
+                dict(name=balancer, workers=self.world_size, global_batch=self.global_batch, predictor=predictor,
+                     seed=self.seed, min_batch=min_batch, num_exo=EXO, capacity_exo=lbbsp.RANK_CAPACITY_EXO),
+                self._ranks, self.rank, self.exchange, self.timing, self.lag)
+            self._resources = ResourceMonitor() if monitor is None else None  # /proc, as the C++ runtime reads it
+            self._monitor = monitor if monitor is not None else self._resources.sample
+            if not callable(self._monitor):
+                raise TypeError(f"LoadBalancer: monitor must be callable, got {type(monitor).__name__}")
+            self.micro_batches = positive_int(micro_batches, "micro_batches", 1)
+            model = uncompiled(model)
+            self._sharded = check_model(model)
+            #: the loss's scale and its checks (lbbsp.torch.loss)
+            self.loss = LossScale(self.global_batch, self.micro_batches, check_loss, model, loss_reduction,
+                                  self._sharded)
+            built.settings = settings_of(model, self._sharded, self._ranks, {
+                "dataset_size": self.dataset_size, "global_batch": self.global_batch, "seed": self.seed,
+                "balancer": balancer, "predictor": predictor, "min_batch": min_batch, "lag": lag,
+                "micro_batches": self.micro_batches, "loss_reduction": loss_reduction})
+        check_model_group(built.settings["model_group"], self._sharded, self._ranks)
         self.steps_per_epoch = lbbsp.steps_per_epoch(self.dataset_size, self.global_batch)
         self._done_sizes = self.sizes[0]  # the batch vector of the last step closed (figures())
         self._measured_s = float("nan")  # this rank's time in its last report (figures())
         self._step = 0  # global step (over epochs) that the next step() closes
         self._stepped = False  # step() called since construction (or the last load_state_dict)
         self._perm_epoch, self._perm = -1, None
-        self._resources = ResourceMonitor() if monitor is None else None  # /proc, as the C++ runtime reads it
-        self._monitor = monitor if monitor is not None else self._resources.sample
-        if not callable(self._monitor):
-            raise TypeError(f"LoadBalancer: monitor must be callable, got {type(monitor).__name__}")
-        self.micro_batches = positive_int(micro_batches, "micro_batches", 1)
-        model = uncompiled(model)
-        self._sharded = check_model(model)
-        #: the loss's scale and its checks (lbbsp.torch.loss)
-        self.loss = LossScale(self.global_batch, self.micro_batches, check_loss, model, loss_reduction, self._sharded)
-        check_same_everywhere(self.exchange, model, self._sharded, self._ranks, {
-            "dataset_size": self.dataset_size, "global_batch": self.global_batch, "seed": self.seed,
-            "balancer": balancer, "predictor": predictor, "min_batch": min_batch, "lag": lag,
-            "micro_batches": self.micro_batches, "loss_reduction": loss_reduction})
         self._model = model
         self._plain_bn = model is not None and any(
             isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm)

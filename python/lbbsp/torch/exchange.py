@@ -231,13 +231,22 @@ class ReportExchange:
         raise RuntimeError(f"LoadBalancer: step {step}: {who}: rank {self.ranks[src]}: {message[0]}"
                            f"{where}") from error
 
-    def check_same(self, settings: Dict[str, object]) -> None:
+    def check_same(self, settings: Dict[str, object], refused: Optional[str] = None) -> None:
         """Raises ValueError on every rank when the ranks were built with different ``settings`` (one all-gather
-        at construction): a per-rank dataset_size or seed would cut other samples under the same sizes."""
-        everyone: List[Optional[Dict[str, object]]] = [None] * self.world
-        dist.all_gather_object(everyone, settings, group=self.errors)
+        at construction): a per-rank dataset_size or seed would cut other samples under the same sizes. A rank
+        whose own arguments raised passes its error as ``refused`` (and no settings): the others raise too,
+        naming it, instead of waiting for that rank until the timeout; that rank's own error goes on."""
+        everyone: List[Optional[Tuple[Dict[str, object], Optional[str]]]] = [None] * self.world
+        dist.all_gather_object(everyone, (settings, refused), group=self.errors)
+        refusals = [(self.ranks[r], why) for r, (_, why) in enumerate(everyone) if why is not None]  # type: ignore
+        if refused is not None:
+            return
+        if refusals:
+            raise ValueError("LoadBalancer: every rank stops: " + "; ".join(
+                f"rank {r} could not build its LoadBalancer ({why})" for r, why in refusals) +
+                ". Fix that rank's arguments")
         for key in settings:
-            values = [s[key] for s in everyone]  # type: ignore[index]
+            values = [s[0][key] for s in everyone]  # type: ignore[index]
             if any(v != values[0] for v in values):
                 by_value: Dict[str, List[int]] = {}
                 for r, v in enumerate(values):
