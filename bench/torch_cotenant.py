@@ -336,8 +336,10 @@ def main():
     if (os.cpu_count() or 1) < 2 or len(os.sched_getaffinity(0)) < 2:
         sys.exit("torch_cotenant.py: needs cores 0 and 1")
     runners = a.runners.split(",")
-    if "plain" not in runners:
-        sys.exit("torch_cotenant.py: --runners must include plain (the baseline)")
+    known = RUNNERS + ["lbbsp-b", "lbbsp-python"]
+    if "plain" not in runners or not set(runners) <= set(known):
+        sys.exit(f"torch_cotenant.py: --runners {a.runners!r}: a comma-separated list from {', '.join(known)}, "
+                 "plain (the baseline) among them")
     folder = os.path.join(a.out, a.scenario)
     os.makedirs(folder, exist_ok=True)
     results = {r: [] for r in runners}
