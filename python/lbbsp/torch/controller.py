@@ -135,6 +135,10 @@ class LoadBalancer:
         self._step = 0  # global step (over epochs) that the next step() closes
         self._stepped = False  # step() called since construction (or the last load_state_dict)
         self._perm_epoch, self._perm = -1, None
+        self._attach(model, check_loss)
+
+    def _attach(self, model: Optional[torch.nn.Module], check_loss: bool) -> None:
+        """The clock and memory figures of the model's device, and the hooks on the model."""
         self._model = model
         self._plain_bn = model is not None and any(
             isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm)
