@@ -159,8 +159,7 @@ def rank_main(rank, world, port, runner, a, out):
     if runner in ("lbbsp", "lbbsp-b", "lbbsp-python"):
         spec = a.balancer_b if runner == "lbbsp-b" else a.balancer
         os.environ["LBBSP_TORCH_NATIVE"] = "0" if runner == "lbbsp-python" else "auto"
-        lb = LoadBalancer(ddp, dataset_size=len(x), global_batch=X, balancer=spec, predictor=a.predictor,
-                          loss_reduction="mean")
+        lb = LoadBalancer(ddp, dataset_size=len(x), global_batch=X, balancer=spec, predictor=a.predictor)
     elif runner != "plain":
         ddp.register_comm_hook(None, sum_allreduce_hook)
         ctrl = OmniLearn(world) if runner == "omnilearn" else Naive(world)
@@ -181,7 +180,7 @@ def rank_main(rank, world, port, runner, a, out):
         if runner == "plain":
             loss = F.cross_entropy(out_, y[idx])  # DDP averages: the equal split's mean loss
         elif lb is not None:
-            loss = F.cross_entropy(out_, y[idx])  # loss_reduction="mean": the hook weights it n_r / X
+            loss = F.cross_entropy(out_, y[idx])  # the default loss_reduction: the hook weights it n_r / X
         else:
             loss = F.cross_entropy(out_, y[idx], reduction="sum") / X
         opt.zero_grad()

@@ -7,8 +7,8 @@ The co-tenant benchmark's CNN (bench/torch_cotenant.py), global batch 128, no co
 processes hold five DDP models and take their steps in turn (a step of each, then again), so that the machine's
 drift, which moves a whole run's mean step by 2-4% between runs here, falls on all alike: plain DDP (its own
 C++ hook, the equal split), DDP + lbbsp with `--balancer bsp` (the equal split kept: the control plane alone),
-DDP + lbbsp with lbbsp-cpu (the default, deciding each step; the loss through lb.scale), the same with
-loss_reduction="mean" (lbbsp-hook: the loss as plain DDP's, weighted in the C++ hook) and on the Python step path
+DDP + lbbsp with lbbsp-cpu (the defaults: deciding each step, the loss as plain DDP's, weighted in the C++
+hook), the same with the loss through lb.scale (lbbsp-scale, as loops written for it do) and on the Python step path
 (lbbsp-python), in an order rotated each step (the first to run after
 another model's step may meet colder caches, so none always goes first). The other models' steps run in
 lb.untimed(), outside each LoadBalancer's windows. Per runner: the mean step (wall, from its data to the end of
@@ -43,10 +43,10 @@ import lbbsp.torch.ddp as ddp_hook
 import lbbsp.torch.native as native
 from lbbsp.torch import LoadBalancer
 
-# name: (balancer, lbbsp.torch's per-step path: "auto" its C++ one where it builds, "0" the Python one,
-# loss_reduction: None, lb.scale(loss); "mean", the plain mean loss weighted in the hook)
-RUNNERS = {"plain": None, "lbbsp-bsp": ("bsp", "auto", None), "lbbsp": ("lbbsp-cpu", "auto", None),
-           "lbbsp-hook": ("lbbsp-cpu", "auto", "mean"), "lbbsp-python": ("lbbsp-cpu", "0", None)}
+# name: (balancer, lbbsp.torch's per-step path: "auto" its C++ one where it builds, "0" the Python one, whether the
+# loop calls lb.scale(loss) or leaves the mean loss to the hook), the LoadBalancer's defaults otherwise
+RUNNERS = {"plain": None, "lbbsp-bsp": ("bsp", "auto", False), "lbbsp": ("lbbsp-cpu", "auto", False),
+           "lbbsp-scale": ("lbbsp-cpu", "auto", True), "lbbsp-python": ("lbbsp-cpu", "0", False)}
 WARMUP = 50
 
 
@@ -83,10 +83,9 @@ class Runner:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.lb, self.spent = None, collections.defaultdict(float)
         if RUNNERS[name]:
-            balancer, path, reduction = RUNNERS[name]
+            balancer, path, self.scaled = RUNNERS[name]
             os.environ["LBBSP_TORCH_NATIVE"] = path  # read when the LoadBalancer is built
-            self.lb = LoadBalancer(self.model, dataset_size=len(x), global_batch=tc.X, balancer=balancer,
-                                   lag=lag, loss_reduction=reduction)
+            self.lb = LoadBalancer(self.model, dataset_size=len(x), global_batch=tc.X, balancer=balancer, lag=lag)
             if do_profile:
                 profile(self.lb, self.spent)
         self.equal = np.full(world, tc.X // world, dtype=np.int64)
@@ -103,7 +102,7 @@ class Runner:
             idx = lbbsp._lbbsp.rank_indices(self.perm[1], step, self.equal, dist.get_rank())  # as lb.indices
         idx = torch.from_numpy(idx)
         loss = F.cross_entropy(self.model(self.x[idx]), self.y[idx])
-        if self.lb is not None and self.lb.loss.reduction is None:
+        if self.lb is not None and self.scaled:
             loss = self.lb.scale(loss)
         self.opt.zero_grad()
         loss.backward()

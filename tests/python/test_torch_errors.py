@@ -121,7 +121,7 @@ def _loss_check_worker(rank, world, store, out):
         gc.collect()  # the previous pair and its process groups go here, in this thread, not in a gloo callback's
         model = DDP(make_model())
         lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:2", seed=1,
-                          monitor=fixed_metrics, check_loss=name != "opted_out")
+                          monitor=fixed_metrics, check_loss=name != "opted_out", loss_reduction=None)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for g in range(3):
@@ -154,6 +154,7 @@ def _loss_check_worker(rank, world, store, out):
 
 
 def test_unscaled_mean_loss_warns_once(tmp_path):
+    """loss_reduction=None: every step's loss must go through lb.scale(); a step without it warns."""
     spawn(_loss_check_worker, 2, tmp_path)
     for r in range(2):
         got = read_pickle(tmp_path / f"loss-{r}.pkl")

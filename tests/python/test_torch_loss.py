@@ -41,13 +41,14 @@ HAS_FSDP2 = TORCH2 and hasattr(_fsdp, "fully_shard")
 L2 = 1e-2
 
 
-def _mean_worker(rank, world, store, out, steps, global_batch, reduction=None, path="auto"):
+def _mean_worker(rank, world, store, out, steps, global_batch, reduction, scaled, path):
     init(rank, world, store)
     os.environ["LBBSP_TORCH_NATIVE"] = path
     x, y = data()
     model = DDP(make_model())
+    chosen = {} if reduction == "auto" else {"loss_reduction": reduction}  # "auto": the default
     lb = LoadBalancer(model, dataset_size=N, global_batch=global_batch, balancer="random:5", seed=3,
-                      monitor=fixed_metrics, loss_reduction=reduction)
+                      monitor=fixed_metrics, check_loss=scaled != "hand", **chosen)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sizes = []
     for g in range(steps):
@@ -56,9 +57,12 @@ def _mean_worker(rank, world, store, out, steps, global_batch, reduction=None, p
         logits = model(x[idx])
         if reduction == "sum":  # the sum over the rank's samples: its L2 term weighted by n_r, as one process's
             loss = F.cross_entropy(logits, y[idx], reduction="sum") + len(idx) * L2 * sum_of_squares(model.module)
+        elif scaled == "hand":  # weighted by hand: the sum over the rank's samples / X, its L2 term n_r / X
+            loss = (F.cross_entropy(logits, y[idx], reduction="sum") +
+                    len(idx) * L2 * sum_of_squares(model.module)) / global_batch
         else:
             loss = F.cross_entropy(logits, y[idx]) + L2 * sum_of_squares(model.module)
-        if reduction is None:
+        if scaled == "always" or (scaled == "even" and g % 2 == 0):
             loss = lb.scale(loss)
         loss.backward()
         opt.step()
@@ -70,12 +74,17 @@ def _mean_worker(rank, world, store, out, steps, global_batch, reduction=None, p
     finish()
 
 
-@pytest.mark.parametrize("reduction, path", [(None, "auto"), ("mean", "auto"), ("mean", "0"), ("sum", "auto")])
-def test_mean_loss_with_l2_equals_one_process(tmp_path, reduction, path):
+@pytest.mark.parametrize("reduction, scaled, path", [
+    (None, "always", "auto"),  # lb.scale every step
+    ("auto", "never", "auto"), ("auto", "never", "0"),  # the default: a plain DDP loop, the hook weights the loss
+    ("auto", "even", "auto"), ("auto", "even", "0"),  # lb.scale on some steps: the hook leaves those alone
+    ("auto", "hand", "auto"),  # the loss weighted by hand, check_loss=False: the hook weights nothing
+    ("mean", "never", "auto"), ("mean", "never", "0"), ("sum", "never", "auto")])
+def test_mean_loss_with_l2_equals_one_process(tmp_path, reduction, scaled, path):
     """A mean loss with an L2 term, through lb.scale or left as it is with loss_reduction (the hook weights the
     gradients, in C++ or on the Python path; a sum loss alike), equals one process, 0-sample ranks included."""
     world, steps, X = 3, 20, 24
-    spawn(_mean_worker, world, tmp_path, steps, X, reduction, path)
+    spawn(_mean_worker, world, tmp_path, steps, X, reduction, scaled, path)
     sizes, native_path = read_pickle(tmp_path / "mean-sizes-0.pkl")
     assert native_path == native_expected(path)
     assert (np.array(sizes) == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
@@ -116,7 +125,8 @@ def test_loss_reduction_refusals_raise_on_every_rank(tmp_path):
     spawn(_refusals_worker, 2, tmp_path)
     m0, m1 = (read_pickle(tmp_path / f"refused-{r}.pkl") for r in range(2))
     assert m0 == m1
-    assert m0["reduction"] == "ValueError: LoadBalancer: loss_reduction must be None, 'mean' or 'sum', got 'avg'"
+    assert m0["reduction"] == ("ValueError: LoadBalancer: loss_reduction must be 'auto', 'mean', 'sum' or None, "
+                               "got 'avg'")
     refused = ["reduction_no_model"] + (["reduction_fsdp"] if HAS_FSDP2 else [])
     for name in refused:  # no model, or FSDP2: no DDP hook to weight the gradients in
         assert m0[name].startswith("ValueError: LoadBalancer: loss_reduction=") and \
@@ -127,15 +137,16 @@ def test_loss_reduction_refusals_raise_on_every_rank(tmp_path):
 # ---- under loss_reduction: the rows check, scale() refused, the orphaned hook ----
 
 
-def _hook_weighted_worker(rank, world, store, out, path):
-    """loss_reduction='mean': a plain mean loss does not warn, a forward on other rows than the rank's share
-    does (once, at step()), scale() raises, and the dropped LoadBalancer's hook averages as DDP does."""
+def _hook_weighted_worker(rank, world, store, out, reduction, path):
+    """The loss left to the hook ('mean', or 'auto' without scale()): a plain mean loss does not warn, a forward on
+    other rows than the rank's share does (once, at step()), scale() raises under 'mean', and the dropped
+    LoadBalancer's hook averages as DDP does."""
     init(rank, world, store)
     os.environ["LBBSP_TORCH_NATIVE"] = path
     x, y = data()
     model = DDP(make_model())
     lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:2", seed=1, monitor=fixed_metrics,
-                      loss_reduction="mean")
+                      loss_reduction=reduction)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for g in range(4):
@@ -165,17 +176,21 @@ def _hook_weighted_worker(rank, world, store, out, path):
     finish()
 
 
-
-@pytest.mark.parametrize("path", ["auto", "0"])
-def test_hook_weighted_loss_checks(tmp_path, path):
-    spawn(_hook_weighted_worker, 2, tmp_path, path)
+@pytest.mark.parametrize("reduction, path", [("mean", "auto"), ("mean", "0"), ("auto", "auto"), ("auto", "0")])
+def test_hook_weighted_loss_checks(tmp_path, reduction, path):
+    spawn(_hook_weighted_worker, 2, tmp_path, reduction, path)
     for r in range(2):
         got = read_pickle(tmp_path / f"weighted-{r}.pkl")
         assert got["native"] == native_expected(path)
         weighted = got["weighted"]
         assert len(weighted) == 1 and weighted[0].startswith("LoadBalancer.step: step 2: the model's last forward"), \
             weighted
-        assert "has loss_reduction='mean'" in got["weighted_scale"], got["weighted_scale"]
+        fix = "pass check_loss=False" if reduction == "mean" else "pass loss_reduction='mean' and check_loss=False"
+        assert weighted[0].endswith(fix), weighted
+        if reduction == "mean":
+            assert "has loss_reduction='mean'" in got["weighted_scale"], got["weighted_scale"]
+        else:
+            assert got["weighted_scale"] == "no error", got["weighted_scale"]
         assert len(got["weighted_dropped"]) == 1 and "averages the gradients as DDP does" in \
             got["weighted_dropped"][0], got["weighted_dropped"]
         assert got["dropped_vs_average"] < 1e-6, got["dropped_vs_average"]

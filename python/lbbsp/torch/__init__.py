@@ -5,18 +5,17 @@
     for epoch in range(lb.epoch, epochs):
         for step in range(lb.global_step % lb.steps_per_epoch, lb.steps_per_epoch):
             idx = lb.indices(epoch, step)          # this rank's samples of this global step (may be empty)
-            loss = lb.scale(F.cross_entropy(ddp_model(x[idx]), y[idx]))   # mean over the rank's samples, scaled
-            loss.backward()
+            F.cross_entropy(ddp_model(x[idx]), y[idx]).backward()   # the mean over the rank's samples, as in DDP
             opt.step(); opt.zero_grad()
             lb.step()                              # the coming step's sizes, decided alike on every rank
 
 The global batch of step k is positions [kX, (k+1)X) of ``lbbsp.epoch_permutation(n, seed, epoch)``, cut by
 prefix sums of the batch vector: the same samples in the same order as ``lbbsp train``. The constructor registers a
-DDP communication hook that SUMS gradients (DDP's default divides by the world size); ``lb.scale(loss)`` turns a
-loss that is the mean over this rank's n_r samples into n_r / X of it (X the global batch), so every rank's part
-adds up to the gradient of the global batch's mean loss, for any split, ranks with 0 samples included: the
-trajectory equals one process on the same global batches. Or ``LoadBalancer(..., loss_reduction="mean")`` and the
-loss as plain DDP writes it: the hook weights the rank's gradients by n_r / X instead (no ``scale()`` call).
+DDP communication hook that SUMS gradients (DDP's default divides by the world size), each rank's weighted by
+n_r / X (X the global batch) where its loss is the mean over its n_r samples, so every rank's part adds up to the
+gradient of the global batch's mean loss, for any split, ranks with 0 samples included: the trajectory equals one
+process on the same global batches. ``lb.scale(loss)`` weights the loss itself instead (the hook then leaves that
+step alone): for a sum loss, FSDP2, micro-batches, or no DDP model.
 
 The time a rank reports for a step is everything it does between leaving one barrier (the gradient allreduce)
 and reaching the next, less ``untimed()`` blocks. Its report leaves from the comm hook when the last gradient

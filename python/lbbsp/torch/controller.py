@@ -55,30 +55,27 @@ class LoadBalancer:
             job no sooner than a collective of PyTorch's own would; set it lower to name a hung rank sooner.
         monitor: a callable returning this rank's [cpu_avail, mem_avail, load] for the step just done
             (default: ResourceMonitor().sample, from /proc as the C++ runtime measures them).
-        check_loss: warn (once) when a backward pass reaches the gradient allreduce in a step in which
-            ``scale()`` was not called: an unscaled mean loss gives wrong gradients; and (once) when ``scale()``
-            without ``count`` follows a forward whose first input has another number of rows than this rank's
-            slice (batches not read through this balancer's sampler). False if the loss is already scaled by
-            hand (a sum over the rank's samples divided by ``global_batch``).
+        check_loss: warn (once) when ``scale()`` without ``count`` (or, the loss left to the hook, ``step()``)
+            follows a forward whose first input has another number of rows than this rank's slice (batches not
+            read through this balancer's sampler); with ``loss_reduction=None``, also (once) when a backward pass
+            reaches the gradient allreduce in a step in which ``scale()`` was not called. False if the loss is
+            already weighted by hand (a sum over the rank's samples divided by ``global_batch``): then "auto"
+            weights nothing.
         micro_batches: gradient accumulation: each step's slice of this rank is cut into this many micro-batches
             (``micro_sizes()``, sizes differing by at most one, some possibly empty), which the batch sampler
             yields one by one; ``scale()`` called once per micro-batch weights each by its own size, and a step
             whose ``scale()`` calls do not match ends with an error on every rank (with check_loss). Use
             ``model.no_sync()`` for all but the last micro-batch of a step.
-        loss_reduction: None (default): call ``lb.scale(loss)`` (below). ``"mean"``: the loss is left as a plain
-            DDP loop writes it, the mean over this rank's samples, and the DDP hook weights the rank's gradients
-            by n_r / X before the SUM instead (0 for a rank with none), in C++ where lbbsp.torch's step path is:
-            no ``scale()`` call (it raises), the same gradients, ~40 us a step less on the CPU.
-            ``"sum"``: the loss is the sum over the rank's samples, weighted 1 / X. A DDP model and
-            ``micro_batches=1`` only (unequal micro-batches need a weight each: ``scale()``).
+        loss_reduction: ``"auto"`` (default): with a DDP model, ``micro_batches=1`` and check_loss, the DDP hook
+            weights the rank's gradients by n_r / X before the SUM (0 for none) where the loss is the mean over its
+            samples as a plain DDP loop writes it (in C++ on the step path: ~70-120 us a step less CPU than
+            ``scale()``), and leaves a step whose loss went through ``scale()`` alone; elsewhere it is None.
+            ``"mean"``: the hook weights every step (``scale()`` raises); ``"sum"``: a sum loss, weighted 1 / X
+            (both need a DDP model and ``micro_batches=1``). None: ``lb.scale(loss)`` every step, else a warning.
 
-    Loss: the gradients are SUMMED over ranks, so each rank's loss must be its share of the global batch's loss.
-    ``loss = lb.scale(loss)`` does that for a loss that is the mean over this rank's samples (PyTorch's default
-    ``reduction="mean"``), ``lb.scale(loss, reduction="sum")`` for a sum. A term that depends on the parameters
-    only (an L2 penalty, a KL to a prior) goes inside ``scale()`` with the data loss, ``lb.scale(mean + l2)``: it
-    is weighted n_r / X on each rank, which adds up to one over the ranks; added outside ``scale()`` on every rank
-    it counts world-size times. (Weight decay in the optimizer acts after the allreduce and needs nothing.)
-    With ``loss_reduction="mean"`` the hook weights the whole loss's gradients alike, such terms included.
+    Loss: the gradients are SUMMED over ranks, so each rank's loss must be its share of the global batch's. With a
+    DDP model the hook weights a plain mean loss, parameter-only terms (an L2 penalty) included (``loss_reduction``
+    "auto"); elsewhere, or for a sum, ``lb.scale(loss)`` weights it (scale(); docs/torch.md, "The loss").
     """
 
     def __init__(self, model: Optional[torch.nn.Module], dataset_size: int, global_batch: int,
@@ -86,7 +83,7 @@ class LoadBalancer:
                  lag: Optional[int] = None, process_group: Optional[dist.ProcessGroup] = None,
                  timeout_s: Optional[float] = None,
                  monitor: Optional[Callable[[], List[float]]] = None, check_loss: bool = True,
-                 micro_batches: int = 1, loss_reduction: Optional[str] = None) -> None:
+                 micro_batches: int = 1, loss_reduction: Optional[str] = "auto") -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("LoadBalancer: call torch.distributed.init_process_group() first")
         self._ranks = group_ranks(process_group)
@@ -252,7 +249,10 @@ class LoadBalancer:
         them n_r / X on each rank, which sums to one over the ranks; outside, every rank adds them in full.
         A mean loss inside ``ddp_model.no_sync()`` without ``count`` (and ``micro_batches=1``) raises: there it is
         a micro-batch's, and the whole slice's count would weight it too much."""
-        return self.loss.scale(loss, reduction, count, self._step, int(self.sizes[self._step][self.rank]))
+        scaled = self.loss.scale(loss, reduction, count, self._step, int(self.sizes[self._step][self.rank]))
+        if self.native is not None and self.loss.reduction == "auto":
+            self.native.note_scaled(self._step)  # the C++ hook leaves this step's gradients as they are
+        return scaled
 
     @contextlib.contextmanager
     def untimed(self) -> Iterator[None]:

@@ -29,9 +29,9 @@ ORPHANED = ("LoadBalancer: the DDP model's LoadBalancer is gone (no reference le
 
 
 ORPHANED_AVERAGES = ("LoadBalancer: the DDP model's LoadBalancer is gone (no reference left to it) but its hook "
-                     "stays and averages the gradients as DDP does (loss_reduction='mean'), over the batches the "
-                     "ranks now read. Keep the LoadBalancer for as long as the model trains, or train on with a "
-                     "new DDP model")
+                     "stays and averages the gradients as DDP does (a mean loss left to the hook), over the "
+                     "batches the ranks now read. Keep the LoadBalancer for as long as the model trains, or train "
+                     "on with a new DDP model")
 
 
 def bucket_tensor(bucket: dist.GradBucket) -> torch.Tensor:
@@ -73,7 +73,7 @@ def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None
     """Registers the SUM hook (and with ``check_rows`` the forward pre-hook) on the DDP model."""
     me, orphaned = weakref.ref(lb), []
     orphan_weight = lb.loss.orphan_weight(lb.world_size)
-    message = ORPHANED if lb.loss.reduction != "mean" else ORPHANED_AVERAGES
+    message = ORPHANED if lb.loss.reduction in (None, "sum") else ORPHANED_AVERAGES
 
     def hook(state: Optional[dist.ProcessGroup], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         balancer = me()
@@ -105,7 +105,7 @@ def _sum_and_report(lb: "LoadBalancer", me: "weakref.ref", process_group: Option
     k = lb.global_step
     lb.loss.check_scaled(k)
     tensor = bucket_tensor(bucket)
-    weigh(tensor, lb.loss.hook_weight(int(lb.sizes[k][lb.rank])))
+    weigh(tensor, lb.loss.hook_weight(int(lb.sizes[k][lb.rank]), k))
     last = bucket.is_last() if hasattr(bucket, "is_last") else False
     sends = last and not lb.exchange.launched(k)
     ready = lb.clock.ready_marker() if last else None  # this rank's backward ends here (on CUDA read later)

@@ -3,7 +3,8 @@ global batch's (n_r / X of a mean over its n_r samples), once per micro-batch; a
 weighted wrong (no scale() before backward, a forward on other rows than the rank's slice, a mean loss scaled inside
 no_sync() as if it were the whole slice's, scale() called another number of times than there are micro-batches).
 With ``loss_reduction`` the loss is left as the user wrote it and the gradient hook weights the rank's gradients
-instead (``hook_weight``): the same weights, applied to the gradient buckets in C++ rather than to the loss."""
+instead (``hook_weight``): the same weights, applied to the gradient buckets in C++ rather than to the loss; "auto"
+(the default) does so in every step whose loss did not go through scale()."""
 
 import warnings
 import weakref
@@ -23,8 +24,9 @@ class LossScale:
         if not isinstance(check, bool):
             raise TypeError(f"LoadBalancer: check_loss must be True or False, got {check!r}")
         self.global_batch, self.micro_batches, self.check = global_batch, micro_batches, check
-        #: loss_reduction: None (scale() weights the loss), "mean" or "sum" (the hook weights the gradients)
-        self.reduction = _hook_reduction(reduction, micro_batches, model is not None and not sharded)
+        #: loss_reduction: None (scale() weights the loss), "mean" or "sum" (the hook weights the gradients),
+        #: "auto" (the hook weights a mean loss where scale() did not weight it)
+        self.reduction = _hook_reduction(reduction, micro_batches, model is not None and not sharded, check)
         self._model = model
         self.calls = 0  # scale() calls in the current step (the micro-batch the next one is for)
         self._scaled_step = -1
@@ -37,26 +39,27 @@ class LossScale:
     def end_step(self, step: int, batch: int) -> None:
         """Step ``step``, in which this rank had ``batch`` samples, ends (with loss_reduction the rows of its last
         forward are checked here, as scale() checks them); the next begins."""
-        if self.reduction is not None and self.check:
-            self._check_rows(batch, step)
+        if self.reduction is not None and self.check and self._scaled_step != step:
+            self._check_rows(batch, step, "LoadBalancer.step")
         self.new_step()
 
-    def hook_weight(self, batch: int) -> Optional[float]:
-        """With loss_reduction, what the hook multiplies this rank's gradients by before the SUM where it has
-        ``batch`` samples: batch / X of a mean loss (0 for none: a mean of nothing is NaN), 1 / X of a sum."""
-        if self.reduction is None:
+    def hook_weight(self, batch: int, step: int) -> Optional[float]:
+        """With loss_reduction, what the hook multiplies this rank's gradients by before the SUM in step ``step``,
+        where it has ``batch`` samples: batch / X of a mean loss (0 for none: a mean of nothing is NaN), 1 / X of
+        a sum; None (nothing) where the loss went through scale()."""
+        if self.reduction is None or self._scaled_step == step:
             return None
-        return batch / self.global_batch if self.reduction == "mean" else 1.0 / self.global_batch
+        return 1.0 / self.global_batch if self.reduction == "sum" else batch / self.global_batch
 
     def orphan_weight(self, world: int) -> Optional[float]:
         """The hook's weight once the LoadBalancer is gone: DDP's average of a mean loss, 1 / X of a sum."""
         if self.reduction is None:
             return None
-        return 1.0 / world if self.reduction == "mean" else 1.0 / self.global_batch
+        return 1.0 / self.global_batch if self.reduction == "sum" else 1.0 / world
 
     def scale(self, loss: torch.Tensor, reduction: str, count: Optional[int], step: int, batch: int) -> torch.Tensor:
         """LoadBalancer.scale for step ``step``, in which this rank has ``batch`` samples."""
-        if self.reduction is not None:
+        if self.reduction in ("mean", "sum"):
             raise RuntimeError(f"LoadBalancer.scale: this LoadBalancer has loss_reduction={self.reduction!r}: the "
                                "gradient hook weights the rank's gradients already; pass the loss to backward() "
                                "as it is (or build the LoadBalancer without loss_reduction to scale it here)")
@@ -77,7 +80,7 @@ class LossScale:
             self._refuse_unsplit_accumulation(reduction, step, batch)
             n = batch
         if count is None and reduction == "mean":
-            self._check_rows(n, step)
+            self._check_rows(n, step, "LoadBalancer.scale")
         self._scaled_step = step
         self.calls += 1
         if reduction == "sum":
@@ -108,14 +111,16 @@ class LossScale:
                                f"{self.micro_batches}: each micro-batch's loss needs it once, else the "
                                "gradients are weighted wrong")
 
-    def _check_rows(self, n: int, step: int) -> None:
-        """Warns once where the forward before scale() saw another batch than the n samples it is weighted by."""
+    def _check_rows(self, n: int, step: int, where: str) -> None:
+        """Warns once where the forward before scale() (or step(), the loss left to the hook) saw another batch
+        than the n samples it is weighted by."""
         rows, self._rows = self._rows, None
         if rows is None or rows == n or self._warned_rows:  # None too with check_loss=False: no hook then
             return
         self._warned_rows = True
-        where, fix = ("LoadBalancer.scale", "pass count= to scale() (or check_loss=False)") if self.reduction is None \
-            else ("LoadBalancer.step", "pass check_loss=False")
+        fix = {"LoadBalancer.scale": "pass count= to scale() (or check_loss=False)",
+               "LoadBalancer.step": "pass check_loss=False" if self.reduction != "auto" else
+               "pass loss_reduction='mean' and check_loss=False"}[where]
         warnings.warn(f"{where}: step {step}: the model's last forward had {rows} rows in its "
                       f"first input but this rank's share is {n} samples: read the batches through "
                       "lb.data_loader() or lb.batch_sampler() (a DataLoader of your own with batch_size or a "
@@ -135,12 +140,16 @@ class LossScale:
                          "for a loss over the whole slice pass count=int(lb.batch_sizes[lb.rank])")
 
 
-def _hook_reduction(reduction: Optional[str], micro_batches: int, ddp_model: bool) -> Optional[str]:
-    """LoadBalancer's loss_reduction, checked: None, or "mean"/"sum" with a DDP model and one micro-batch."""
+def _hook_reduction(reduction: Optional[str], micro_batches: int, ddp_model: bool, check: bool) -> Optional[str]:
+    """LoadBalancer's loss_reduction, checked: None, "mean"/"sum" with a DDP model and one micro-batch, or "auto":
+    that hook's weight for a mean loss where it applies (and the loss is not weighted by hand: check_loss=True),
+    else None."""
     if reduction is None:
         return None
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"LoadBalancer: loss_reduction must be None, 'mean' or 'sum', got {reduction!r}")
+    if reduction not in ("auto", "mean", "sum"):
+        raise ValueError(f"LoadBalancer: loss_reduction must be 'auto', 'mean', 'sum' or None, got {reduction!r}")
+    if reduction == "auto":
+        return "auto" if ddp_model and micro_batches == 1 and check else None
     if not ddp_model:
         raise ValueError(f"LoadBalancer: loss_reduction={reduction!r} weights the gradients in a DDP model's "
                          "communication hook: it needs a DistributedDataParallel model (with FSDP2 or without a "

@@ -283,16 +283,19 @@ class StepState {
     return send(group, tensor, k, ready_s, exo);
   }
 
-  // loss_reduction: the hook weights the rank's gradients (LossScale.hook_weight, .orphan_weight)
+  // loss_reduction: the hook weights the rank's gradients (LossScale.hook_weight, .orphan_weight); "auto"
+  // weights a mean loss but for the steps whose loss scale() weighted (note_scaled)
   enum class Weighting { kNone, kMean, kSum };
   void set_weighting(const std::string& reduction, int64_t global_batch) {
     TORCH_CHECK(reduction.empty() || global_batch > 0, "native_step: weighting needs the global batch");
     std::lock_guard<std::mutex> g(mu_);
-    weighting_ = reduction == "mean"  ? Weighting::kMean
-                 : reduction == "sum" ? Weighting::kSum
-                                      : Weighting::kNone;
+    weighting_ = reduction == "mean" || reduction == "auto" ? Weighting::kMean
+                 : reduction == "sum"                       ? Weighting::kSum
+                                                            : Weighting::kNone;
+    unless_scaled_ = reduction == "auto";
     global_batch_ = global_batch;
   }
+  void note_scaled(int64_t step) { scaled_step_ = step; }
 
   const int64_t rank_, world_;
   // read by Python between steps while gloo's and autograd's threads may still write: atomics
@@ -309,6 +312,7 @@ class StepState {
     {
       std::lock_guard<std::mutex> g(mu_);
       if (weighting_ == Weighting::kNone) return;
+      if (unless_scaled_ && !detached_ && scaled_step_ == step_) return;  // scale() weighted the loss
       const double x = static_cast<double>(global_batch_);
       if (weighting_ == Weighting::kSum) {
         w = 1.0 / x;
@@ -546,6 +550,8 @@ class StepState {
   double min_interval_s_;
   int64_t piggyback_max_bytes_;
   bool piggybacks_ = true, detached_ = false, orphan_warned_ = false;
+  bool unless_scaled_ = false;            // loss_reduction "auto"
+  std::atomic<int64_t> scaled_step_{-1};  // the last step whose loss scale() weighted
   Weighting weighting_ = Weighting::kNone;
   int64_t global_batch_ = 0;
   // the window
@@ -664,6 +670,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           },
           py::arg("reducer"), py::arg("group"), py::arg("orphan_warning"), py::arg("reduction") = "",
           py::arg("global_batch") = 0)
+      .def("note_scaled", [](Handle& h, int64_t step) { h.state->note_scaled(step); })
       .def("restart", [](Handle& h, double now) { h.state->restart(now); })
       .def("reset", [](Handle& h, double now) { h.state->reset(now); })
       .def("record", [](Handle& h, double s) { h.state->record(s); })
