@@ -194,3 +194,38 @@ def test_hook_weighted_loss_checks(tmp_path, reduction, path):
         assert len(got["weighted_dropped"]) == 1 and "averages the gradients as DDP does" in \
             got["weighted_dropped"][0], got["weighted_dropped"]
         assert got["dropped_vs_average"] < 1e-6, got["dropped_vs_average"]
+
+
+# ---- "auto": a step scaled before a load_state_dict is not taken for the same step after it ----
+
+
+def _reloaded_worker(rank, world, store, out, path):
+    init(rank, world, store)
+    os.environ["LBBSP_TORCH_NATIVE"] = path
+    x, y = data()
+    model = DDP(make_model())
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:2", seed=1, monitor=fixed_metrics)
+
+    def gradients(scaled):  # no optimizer step: the parameters stay, so step 3's gradients can be compared
+        idx = torch.from_numpy(lb.indices(0, lb.global_step))
+        loss = F.cross_entropy(model(x[idx]), y[idx])
+        (lb.scale(loss) if scaled else loss).backward()
+        grads = torch.cat([p.grad.flatten() for p in model.module.parameters()])
+        model.zero_grad()
+        lb.step()
+        return grads
+    for _ in range(3):
+        gradients(scaled=True)
+    saved = lb.state_dict()  # at step 3
+    through_scale = gradients(scaled=True)
+    lb.load_state_dict(saved)
+    through_hook = gradients(scaled=False)  # step 3 again, the loss left to the hook
+    write_pickle(os.path.join(out, f"reloaded-{rank}.pkl"), float((through_scale - through_hook).abs().max()))
+    finish()
+
+
+@pytest.mark.parametrize("path", ["auto", "0"])
+def test_scaled_step_does_not_outlive_a_load(tmp_path, path):
+    spawn(_reloaded_worker, 2, tmp_path, path)
+    for r in range(2):
+        assert read_pickle(tmp_path / f"reloaded-{r}.pkl") < 1e-12

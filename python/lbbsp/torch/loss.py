@@ -36,6 +36,11 @@ class LossScale:
     def new_step(self) -> None:
         self.calls = 0
 
+    def restart(self) -> None:
+        """A loaded state: the steps to come may have numbers of steps already scaled."""
+        self.new_step()
+        self._scaled_step = -1
+
     def end_step(self, step: int, batch: int) -> None:
         """Step ``step``, in which this rank had ``batch`` samples, ends (with loss_reduction the rows of its last
         forward are checked here, as scale() checks them); the next begins."""

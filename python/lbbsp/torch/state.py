@@ -37,6 +37,8 @@ def load_into(lb: Any, state: Dict[str, Any]) -> None:
             raise ValueError("LoadBalancer.load_state_dict: the state has no balancer state: save it on rank 0")
         lb._decisions.load(state["balancer"], state["sizes"], step, lb.lag)
     lb._step, lb._stepped = step, False
-    lb.loss.new_step()
+    lb.loss.restart()
+    if lb.native is not None:
+        lb.native.note_scaled(-1)  # a step scaled before the load is none of the steps to come
     lb.clock.reset()
     native.arm(lb)
