@@ -68,7 +68,7 @@ class LoadBalancer:
             ``model.no_sync()`` for all but the last micro-batch of a step.
         loss_reduction: ``"auto"`` (default): with a DDP model, ``micro_batches=1`` and check_loss, the DDP hook
             weights the rank's gradients by n_r / X before the SUM (0 for none) where the loss is the mean over its
-            samples as a plain DDP loop writes it (in C++ on the step path: ~70-120 us a step less CPU than
+            samples as a plain DDP loop writes it (in C++ on the step path: 20-120 us a step less CPU than
             ``scale()``), and leaves a step whose loss went through ``scale()`` alone; elsewhere it is None.
             ``"mean"``: the hook weights every step (``scale()`` raises); ``"sum"``: a sum loss, weighted 1 / X
             (both need a DDP model and ``micro_batches=1``). None: ``lb.scale(loss)`` every step, else a warning.
