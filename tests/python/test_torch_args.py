@@ -102,6 +102,7 @@ def _mismatch_worker(rank, world, store, out):
     cases["refused_on_one"] = dict(model=None, dataset_size=N, global_batch=0 if rank == 1 else 24)
     cases["timeout_on_one"] = dict(model=None, dataset_size=N, global_batch=24, timeout_s=-1 if rank == 2 else 30)
     cases["monitor_on_one"] = dict(model=None, dataset_size=N, global_batch=24, monitor="cpu" if rank == 3 else None)
+    cases["refused_in_pair"] = dict(model=None, dataset_size=N, global_batch=0 if rank == 3 else 24, process_group=pair)
     messages = {}
     for name, kwargs in cases.items():
         try:
@@ -125,6 +126,11 @@ def test_ranks_built_alike_or_every_rank_raises(tmp_path):
             assert got[r][name].startswith(f"ValueError: LoadBalancer: every rank stops: rank {culprit} could not "
                                            f"build its LoadBalancer ({why}"), got[r][name]
             assert got[r][name].endswith(". Fix that rank's arguments"), got[r][name]
+    # in data-parallel pairs: rank 3's refusal stops its pair (named by its global rank), not the other pair
+    assert [g["refused_in_pair"].split(":")[0] for g in got] == ["built", "built", "ValueError", "ValueError"], got
+    assert got[2]["refused_in_pair"].startswith("ValueError: LoadBalancer: every rank stops: rank 3 could not build"), \
+        got[2]["refused_in_pair"]
+    one_rank += ("refused_in_pair",)
     got = [{k: v.removeprefix("ValueError: ") for k, v in g.items() if k not in one_rank} for g in got]
     assert got[0] == got[1] and got[2] == got[3], "the ranks of one group said different things"
     m = got[0]
