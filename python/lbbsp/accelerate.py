@@ -37,7 +37,6 @@ import torch.distributed as dist
 
 from .torch import LoadBalancer
 from .torch._util import uncompiled
-from .torch.ddp import mean_in_hook
 from .torch.exchange import is_collective_error
 from .torch.fsdp import is_fsdp2
 from .torch.sampler import default_global_batch, require_map_style
@@ -81,7 +80,7 @@ def prepare(accelerator: Any, model: torch.nn.Module, optimizer: torch.optim.Opt
         balanced = model if hasattr(model, "register_comm_hook") else None  # DDP
     lb = LoadBalancer(balanced, dataset_size=len(dataset), global_batch=global_batch, balancer=balancer,
                       predictor=predictor, seed=seed, min_batch=min_batch, timeout_s=timeout_s, monitor=monitor,
-                      micro_batches=accumulate, loss_reduction=mean_in_hook(balanced, accumulate))
+                      micro_batches=accumulate)
     prefetch = dataloader.prefetch_factor if dataloader.num_workers > 0 else None
     loader = lb.data_loader(dataset, num_workers=dataloader.num_workers, prefetch_factor=prefetch,
                             collate_fn=dataloader.collate_fn, pin_memory=dataloader.pin_memory,
@@ -143,7 +142,7 @@ def _scale_backward(accelerator: Any, lb: LoadBalancer) -> None:
     """accelerator.backward(loss) scales a loss that is the mean over the rank's (micro-)batch to its share of the
     global batch first; Accelerate then divides by gradient_accumulation_steps, which the balancer's weighting by
     each micro-batch's own size replaces (so it is multiplied back). With DDP and no accumulation the DDP hook
-    weights the gradients instead (loss_reduction="mean") and the loss goes through as it is."""
+    weights the gradients instead (the default loss_reduction, "auto") and the loss goes through as it is."""
     original = accelerator.backward
 
     def backward(loss: torch.Tensor, **kwargs: Any) -> Any:

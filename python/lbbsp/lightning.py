@@ -29,7 +29,6 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer.states import RunningStage
 
 from .torch import LoadBalancer
-from .torch.ddp import mean_in_hook
 from .torch.exchange import is_collective_error
 from .torch.fsdp import is_fsdp2
 from .torch.sampler import default_global_batch, require_map_style
@@ -107,7 +106,7 @@ class _LoadBalancing:
         if self.load_balancer is None:
             model, accumulate = self._balanced_model(), trainer.accumulate_grad_batches
             self.load_balancer = LoadBalancer(model, dataset_size=len(dataset), global_batch=global_batch,
-                                              micro_batches=accumulate, loss_reduction=mean_in_hook(model, accumulate),
+                                              micro_batches=accumulate,
                                               **self._lb_args)
         self._check_accumulation()
         if self._pending_state is not None:
@@ -135,7 +134,7 @@ class _LoadBalancing:
         if lb is not None and self.lightning_module.trainer.training and lb.loss.reduction is None:
             # Lightning divided the micro-batch's mean loss by accumulate_grad_batches; the balancer weights each
             # micro-batch by its own size instead: its share of the step's global batch. (With one micro-batch
-            # and DDP the hook weights the gradients: loss_reduction="mean".)
+            # and DDP the hook weights the gradients: the default loss_reduction, "auto".)
             closure_loss = lb.scale(closure_loss * lb.micro_batches)
         try:
             return super().backward(closure_loss, optimizer, *args, **kwargs)  # type: ignore[misc]

@@ -310,8 +310,8 @@ def test_accelerate_compiled_model_equals_one_process(tmp_path):
     got = [read_pickle(tmp_path / f"compile-{r}.pkl") for r in range(3)]
     assert all(g["frames"] > 0 and g["model"] == "OptimizedModule" for g in got), \
         [(g["frames"], g["model"]) for g in got]
-    # no accumulation, DDP: the hook weights the mean loss (loss_reduction="mean"), no lb.scale a step
-    assert all(g["reduction"] == "mean" for g in got), [g["reduction"] for g in got]
+    # no accumulation, DDP: the hook weights the mean loss (loss_reduction "auto"), no lb.scale a step
+    assert all(g["reduction"] == "auto" for g in got), [g["reduction"] for g in got]
     assert_random5_equals_one_process(got, np.array(got[0]["sizes"]))
 
 

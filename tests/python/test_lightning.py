@@ -69,7 +69,7 @@ class Net(pl.LightningModule):
         rank = self.trainer.global_rank
         params = torch.cat([p.detach().flatten() for p in self.net.parameters()]).numpy()
         logged = sorted(k for k in self.trainer.callback_metrics if k.startswith("lbbsp/"))
-        reduction = self.trainer.strategy.load_balancer.loss.reduction  # "mean": the hook weights the loss
+        reduction = self.trainer.strategy.load_balancer.loss.reduction  # "auto": the hook weights the loss
         write_pickle(os.path.join(self.out, f"lightning-{rank}.pkl"),
                      {"params": params, "sizes": self.sizes, "logged": logged, "reduction": reduction})
 
@@ -125,8 +125,8 @@ def test_lightning_compiled_module_equals_one_process(tmp_path):
     got = [read_pickle(tmp_path / f"lightning-{r}.pkl") for r in range(3)]
     frames = [read_pickle(tmp_path / f"frames-{r}.pkl") for r in range(3)]
     assert all(f > 0 for f in frames), f"dynamo compiled nothing: {frames}"
-    # no accumulation, DDP: the hook weights the mean loss (loss_reduction="mean"), no lb.scale a step
-    assert all(g["reduction"] == "mean" for g in got), [g["reduction"] for g in got]
+    # no accumulation, DDP: the hook weights the mean loss (loss_reduction "auto"), no lb.scale a step
+    assert all(g["reduction"] == "auto" for g in got), [g["reduction"] for g in got]
     assert_random5_equals_one_process(got, np.array(got[0]["sizes"]))
 
 

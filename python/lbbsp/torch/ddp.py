@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 import torch.distributed as dist
 
-from ._util import uncompiled
 from .exchange import group_ranks
-from .fsdp import is_fsdp2
 from .hooks import allreduce_sum, allreduce_sum_coalesced, first_tensor, sum_allreduce_hook, then
 from .loss import watch_rows
 
@@ -54,14 +52,6 @@ def check_model(model: Optional[torch.nn.Module]) -> None:
     if model is not None and not hasattr(model, "register_comm_hook"):
         raise TypeError("LoadBalancer: model must be a DistributedDataParallel, a module with fully_shard applied "
                         f"(FSDP2), or None to sum gradients yourself; got {type(model).__name__}")
-
-
-def mean_in_hook(model: Optional[torch.nn.Module], micro_batches: int) -> Optional[str]:
-    """The loss_reduction a framework adapter passes for its mean loss: "mean" (this hook weights it, no scale()
-    call a step) with a DDP model and one micro-batch, else None (scale())."""
-    model = uncompiled(model)
-    ddp = model is not None and hasattr(model, "register_comm_hook") and not is_fsdp2(model)
-    return "mean" if ddp and micro_batches == 1 else None
 
 
 def model_ranks(model: Optional[torch.nn.Module], balanced: list) -> list:
