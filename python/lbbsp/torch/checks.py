@@ -1,5 +1,6 @@
 """The LoadBalancer's checks: its model, its settings (the same on every rank) and a saved state to load."""
 
+import contextlib
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -26,7 +27,8 @@ class BuiltAlike:
         if error is None:
             self.exchange.check_same(self.settings)
         elif isinstance(error, Exception):  # not an interrupt: this rank's own error goes on after the all-gather
-            self.exchange.check_same({}, f"{type(error).__name__}: {error}")
+            with contextlib.suppress(Exception):  # the others gone or timed out: this rank's error says more
+                self.exchange.check_same({}, f"{type(error).__name__}: {error}")
         return False
 
 
