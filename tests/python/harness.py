@@ -160,6 +160,21 @@ def appears(path, limit_s=60.0):
     return False
 
 
+def construction_errors(build, cases):
+    """{case: "no error" or "Type: message"} for build(model, **kwargs) of each case (its "model" entry, default
+    None, passed first): what each set of arguments raised on this rank."""
+    messages = {}
+    for name, kw in cases.items():
+        kw = dict(kw)
+        model = kw.pop("model", None)
+        try:
+            build(model, **kw)
+            messages[name] = "no error"
+        except (ValueError, TypeError, RuntimeError) as e:
+            messages[name] = f"{type(e).__name__}: {e}"
+    return messages
+
+
 def dump_rank(out, name, rank, result):
     """A worker's result, one pickle per rank (read back with load_ranks)."""
     write_pickle(os.path.join(out, f"{name}-{rank}.pkl"), result)

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from harness import (
     TORCH2,
     N,
+    construction_errors,
     dump_rank,
     finish,
     fixed_metrics,
@@ -48,14 +49,7 @@ def _bad_args_worker(rank, world, store, out):
     hooked.register_comm_hook(None, lambda state, bucket: dist.all_reduce(bucket.buffer(), async_op=True)
                               .get_future().then(lambda f: f.value()[0]))
     cases["hooked"] = dict(dataset_size=100, global_batch=10, model=hooked)
-    messages = {}
-    for name, kw in cases.items():
-        model = kw.pop("model", None)
-        try:
-            LoadBalancer(model, **kw)
-            messages[name] = "no error"
-        except (ValueError, TypeError, RuntimeError) as e:
-            messages[name] = f"{type(e).__name__}: {e}"
+    messages = construction_errors(LoadBalancer, cases)
     lb = LoadBalancer(None, dataset_size=100, global_batch=10, monitor=fixed_metrics)
     messages["default_timeout_s"] = lb.timeout_s
     try:

@@ -16,6 +16,7 @@ from harness import (
     TORCH2,
     N,
     assert_equal_to_one_process,
+    construction_errors,
     data,
     finish,
     fixed_metrics,
@@ -109,14 +110,7 @@ def _refusals_worker(rank, world, store, out):
         from torch.distributed.fsdp import fully_shard
         sharded = fully_shard(torch.nn.Linear(2, 2), mesh=init_device_mesh("cpu", (world,)))
         cases["reduction_fsdp"] = dict(dataset_size=100, global_batch=10, model=sharded, loss_reduction="sum")
-    messages = {}
-    for name, kw in cases.items():
-        model = kw.pop("model", None)
-        try:
-            LoadBalancer(model, **kw)
-            messages[name] = "no error"
-        except (ValueError, TypeError, RuntimeError) as e:
-            messages[name] = f"{type(e).__name__}: {e}"
+    messages = construction_errors(LoadBalancer, cases)
     write_pickle(os.path.join(out, f"refused-{rank}.pkl"), messages)
     finish()
 
