@@ -108,7 +108,9 @@ def _refusals_worker(rank, world, store, out):
     if HAS_FSDP2:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        sharded = fully_shard(torch.nn.Linear(2, 2), mesh=init_device_mesh("cpu", (world,)))
+        # one rank per shard (replicas only): FSDP2 copies the gradients, no reduce-scatter to weight them in
+        mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
+        sharded = fully_shard(torch.nn.Linear(2, 2), mesh=mesh)
         cases["reduction_fsdp"] = dict(dataset_size=100, global_batch=10, model=sharded, loss_reduction="sum")
     messages = construction_errors(LoadBalancer, cases)
     write_pickle(os.path.join(out, f"refused-{rank}.pkl"), messages)
@@ -122,9 +124,9 @@ def test_loss_reduction_refusals_raise_on_every_rank(tmp_path):
     assert m0["reduction"] == ("ValueError: LoadBalancer: loss_reduction must be 'auto', 'mean', 'sum' or None, "
                                "got 'avg'")
     refused = ["reduction_no_model"] + (["reduction_fsdp"] if HAS_FSDP2 else [])
-    for name in refused:  # no model, or FSDP2: no DDP hook to weight the gradients in
+    for name in refused:  # no model, or FSDP2 without a reduce-scatter: nowhere to weight the gradients in
         assert m0[name].startswith("ValueError: LoadBalancer: loss_reduction=") and \
-            "it needs a DistributedDataParallel model" in m0[name], m0[name]
+            "an FSDP2 model's reduce-scatter: it needs one of them" in m0[name], m0[name]
     assert "loss_reduction='mean' needs micro_batches=1" in m0["reduction_micro"], m0["reduction_micro"]
 
 

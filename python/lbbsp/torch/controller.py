@@ -66,16 +66,16 @@ class LoadBalancer:
             yields one by one; ``scale()`` called once per micro-batch weights each by its own size, and a step
             whose ``scale()`` calls do not match ends with an error on every rank (with check_loss). Use
             ``model.no_sync()`` for all but the last micro-batch of a step.
-        loss_reduction: ``"auto"`` (default): with a DDP model, ``micro_batches=1`` and check_loss, the DDP hook
-            weights the rank's gradients by n_r / X before the SUM (0 for none) where the loss is the mean over its
-            samples as a plain DDP loop writes it (in C++ on the step path: 20-120 us a step less CPU than
-            ``scale()``), and leaves a step whose loss went through ``scale()`` alone; elsewhere it is None.
+        loss_reduction: ``"auto"`` (default): with a DDP or FSDP2 model, ``micro_batches=1`` and check_loss, the
+            hook (FSDP2: the reduce-scatter) weights the gradients by n_r / X before the SUM (0 for none) where the
+            loss is the mean over its samples as a plain DDP loop writes it (DDP: in C++, 20-120 us a step less CPU
+            than ``scale()``), and leaves a step whose loss went through ``scale()`` alone; elsewhere it is None.
             ``"mean"``: the hook weights every step (``scale()`` raises); ``"sum"``: a sum loss, weighted 1 / X
-            (both need a DDP model and ``micro_batches=1``). None: ``lb.scale(loss)`` every step, else a warning.
+            (both need such a model and ``micro_batches=1``). None: ``lb.scale(loss)`` every step, else a warning.
 
     Loss: the gradients are SUMMED over ranks, so each rank's loss must be its share of the global batch's. With a
-    DDP model the hook weights a plain mean loss, parameter-only terms (an L2 penalty) included (``loss_reduction``
-    "auto"); elsewhere, or for a sum, ``lb.scale(loss)`` weights it (scale(); docs/torch.md, "The loss").
+    DDP or FSDP2 model the hook weights a plain mean loss, parameter-only terms (an L2 penalty) included
+    (``loss_reduction`` "auto"); elsewhere, or for a sum, ``lb.scale(loss)`` weights it (docs/torch.md, "The loss").
     """
 
     def __init__(self, model: Optional[torch.nn.Module], dataset_size: int, global_batch: int,
@@ -120,7 +120,7 @@ class LoadBalancer:
             self._sharded = check_model(model)
             #: the loss's scale and its checks (lbbsp.torch.loss)
             self.loss = LossScale(self.global_batch, self.micro_batches, check_loss, model, loss_reduction,
-                                  self._sharded)
+                                  fsdp.reduce_scatters(model) if self._sharded else model is not None)
             built.settings = settings_of(model, self._sharded, self._ranks, {
                 "dataset_size": self.dataset_size, "global_batch": self.global_batch, "seed": self.seed,
                 "balancer": balancer, "predictor": predictor, "min_batch": min_batch, "lag": lag,

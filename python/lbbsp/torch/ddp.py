@@ -21,15 +21,16 @@ from .loss import watch_rows
 if TYPE_CHECKING:
     from .controller import LoadBalancer
 
-ORPHANED = ("LoadBalancer: the DDP model's LoadBalancer is gone (no reference left to it) but its hook stays: the "
-            "gradients are still SUMMED over ranks, so a mean loss gives gradients world-size times too large. Keep "
-            "the LoadBalancer for as long as the model trains, or train on with a new DDP model")
-
-
-ORPHANED_AVERAGES = ("LoadBalancer: the DDP model's LoadBalancer is gone (no reference left to it) but its hook "
-                     "stays and averages the gradients as DDP does (a mean loss left to the hook), over the "
-                     "batches the ranks now read. Keep the LoadBalancer for as long as the model trains, or train "
-                     "on with a new DDP model")
+def orphaned_warning(kind: str, reduction: Optional[str]) -> str:
+    """The warning once a model's LoadBalancer is gone (``kind``: "DDP" or "FSDP"; loss_reduction's weighting)."""
+    if reduction in (None, "sum"):
+        return (f"LoadBalancer: the {kind} model's LoadBalancer is gone (no reference left to it) but its gradient "
+                "reduction stays a SUM over ranks, so a mean loss gives gradients world-size times too large. Keep "
+                f"the LoadBalancer for as long as the model trains, or train on with a new {kind} model")
+    return (f"LoadBalancer: the {kind} model's LoadBalancer is gone (no reference left to it) but its gradient "
+            "reduction stays and averages the gradients as DDP does (a mean loss left to the hook), over the "
+            f"batches the ranks now read. Keep the LoadBalancer for as long as the model trains, or train on with a "
+            f"new {kind} model")
 
 
 def bucket_tensor(bucket: dist.GradBucket) -> torch.Tensor:
@@ -63,7 +64,7 @@ def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None
     """Registers the SUM hook (and with ``check_rows`` the forward pre-hook) on the DDP model."""
     me, orphaned = weakref.ref(lb), []
     orphan_weight = lb.loss.orphan_weight(lb.world_size)
-    message = ORPHANED if lb.loss.reduction in (None, "sum") else ORPHANED_AVERAGES
+    message = orphaned_warning("DDP", lb.loss.reduction)
 
     def hook(state: Optional[dist.ProcessGroup], bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         balancer = me()

@@ -6,19 +6,22 @@ HSDP's all-reduce, add the ranks' gradients, which LB-BSP's loss scaling needs),
 reduce-scatter (FSDP2's public custom-comm hooks), which run PyTorch's default collectives and time what this
 rank spends blocked in them: inside the step every layer's all-gather and reduce-scatter make a fast rank wait
 for the slow one, and that waiting is not its work. With HSDP the all-reduce over the replicas runs between the
-reduce-scatter and FSDP's all-reduce hook: the gap between the two is timed as waiting too.
+reduce-scatter and FSDP's all-reduce hook: the gap between the two is timed as waiting too. With loss_reduction
+(the default "auto": a plain mean loss) the reduce-scatter first weights this rank's gradients, as DDP's hook does.
 
 The report leaves at the end of backward (an autograd engine callback queued at the step's first reduce-scatter,
 so it runs after FSDP's own final callback), in the control group's asynchronous all-gather, and the next step's
 window opens there: on the host the last reduce-scatter is the step's barrier, as DDP's allreduce is."""
 
 import time
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import torch
 import torch.distributed as dist
 
+from .ddp import orphaned_warning, weigh
 from .loss import watch_rows
 
 if TYPE_CHECKING:
@@ -56,6 +59,12 @@ def is_hsdp(model: torch.nn.Module) -> bool:
     return _mesh(model).ndim == 2
 
 
+def reduce_scatters(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 calls the reduce-scatter (where loss_reduction weights the rank's gradients): not where the
+    mesh's shard dimension has one rank (FSDP2 then copies the gradients)."""
+    return _mesh(model).size(-1) > 1
+
+
 def _default_comms() -> Any:
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
@@ -81,7 +90,7 @@ def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None
     """Sets SUM reductions and the timed collectives on every FSDP module of ``model``."""
     check_settings(model)
     me = weakref.ref(lb)
-    timing = _StepTiming(me)
+    timing = _StepTiming(me, lb.loss.reduction, lb.loss.orphan_weight(lb.world_size))
     default_all_gather, default_reduce_scatter = _default_comms()
     all_gather, reduce_scatter = _timed(default_all_gather, timing), _timed(default_reduce_scatter, timing, True)
     hsdp = is_hsdp(model)
@@ -102,8 +111,10 @@ def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None
 class _StepTiming:
     """The waits of a step in FSDP's collectives, and the report at the end of its backward."""
 
-    def __init__(self, me: "weakref.ref") -> None:
+    def __init__(self, me: "weakref.ref", reduction: Optional[str], orphan_weight: Optional[float]) -> None:
         self._me = me
+        self._orphan_weight, self._orphaned = orphan_weight, False
+        self._orphan_message = orphaned_warning("FSDP", reduction)
         self._queued_step = -1
         self._scattered_s = 0.0  # when the last reduce-scatter returned (HSDP: the all-reduce follows)
 
@@ -111,6 +122,18 @@ class _StepTiming:
         lb = self._me()
         if lb is not None:
             lb.clock.add_wait(seconds)
+
+    def weigh(self, gradients: torch.Tensor) -> None:
+        """loss_reduction's weight on this rank's gradients, before the reduce-scatter sums them (as ddp's hook)."""
+        lb = self._me()
+        if lb is not None:
+            k = lb.global_step
+            weigh(gradients, lb.loss.hook_weight(int(lb.sizes[k][lb.rank]), k))
+            return
+        if not self._orphaned:  # FSDP keeps the SUM and this collective: training on without the LoadBalancer
+            self._orphaned = True
+            warnings.warn(self._orphan_message)
+        weigh(gradients, self._orphan_weight)
 
     def reduce_scattered(self) -> None:
         """A reduce-scatter of a step's backward returned: at the first, queue the report for the end of it."""
@@ -141,6 +164,8 @@ def _timed(base: type, timing: _StepTiming, scatters: bool = False) -> Any:
     """An instance of FSDP's default collective ``base`` whose blocking calls count as waiting."""
     class Timed(base):  # type: ignore[misc, valid-type]
         def __call__(self, *args: Any, **kwargs: Any) -> Optional[dist.Work]:
+            if scatters:  # (output_tensor, input_tensor, group, op): the input is this rank's unsharded gradients
+                timing.weigh(kwargs["input_tensor"] if "input_tensor" in kwargs else args[1])
             t0 = time.perf_counter()
             work = super().__call__(*args, **kwargs)
             if work is None or not kwargs.get("async_op", False):

@@ -3,7 +3,8 @@ global batch's (n_r / X of a mean over its n_r samples), once per micro-batch; a
 weighted wrong (no scale() before backward, a forward on other rows than the rank's slice, a mean loss scaled inside
 no_sync() as if it were the whole slice's, scale() called another number of times than there are micro-batches).
 With ``loss_reduction`` the loss is left as the user wrote it and the gradient hook weights the rank's gradients
-instead (``hook_weight``): the same weights, applied to the gradient buckets in C++ rather than to the loss; "auto"
+instead (``hook_weight``): the same weights, applied to DDP's gradient buckets (in C++) or to the input of FSDP2's
+reduce-scatter rather than to the loss; "auto"
 (the default) does so in every step whose loss did not go through scale()."""
 
 import warnings
@@ -20,13 +21,14 @@ class LossScale:
     """Scales a rank's loss to its share of the global batch and checks that every step's loss was."""
 
     def __init__(self, global_batch: int, micro_batches: int, check: bool, model: Optional[torch.nn.Module],
-                 reduction: Optional[str] = None, sharded: bool = False) -> None:
+                 reduction: Optional[str] = None, hooked: bool = False) -> None:
         if not isinstance(check, bool):
             raise TypeError(f"LoadBalancer: check_loss must be True or False, got {check!r}")
         self.global_batch, self.micro_batches, self.check = global_batch, micro_batches, check
         #: loss_reduction: None (scale() weights the loss), "mean" or "sum" (the hook weights the gradients),
         #: "auto" (the hook weights a mean loss where scale() did not weight it)
-        self.reduction = _hook_reduction(reduction, micro_batches, model is not None and not sharded, check)
+        # hooked: the model weights this rank's gradients before the SUM (DDP's hook, FSDP2's reduce-scatter)
+        self.reduction = _hook_reduction(reduction, micro_batches, hooked, check)
         self._model = model
         self.calls = 0  # scale() calls in the current step (the micro-batch the next one is for)
         self._scaled_step = -1
@@ -145,20 +147,21 @@ class LossScale:
                          "for a loss over the whole slice pass count=int(lb.batch_sizes[lb.rank])")
 
 
-def _hook_reduction(reduction: Optional[str], micro_batches: int, ddp_model: bool, check: bool) -> Optional[str]:
-    """LoadBalancer's loss_reduction, checked: None, "mean"/"sum" with a DDP model and one micro-batch, or "auto":
-    that hook's weight for a mean loss where it applies (and the loss is not weighted by hand: check_loss=True),
-    else None."""
+def _hook_reduction(reduction: Optional[str], micro_batches: int, hooked: bool, check: bool) -> Optional[str]:
+    """LoadBalancer's loss_reduction, checked: None, "mean"/"sum" with a hooked model (DDP, or FSDP2 whose
+    reduce-scatter runs) and one micro-batch, or "auto": that weight for a mean loss where it applies (and the loss
+    is not weighted by hand: check_loss=True), else None."""
     if reduction is None:
         return None
     if reduction not in ("auto", "mean", "sum"):
         raise ValueError(f"LoadBalancer: loss_reduction must be 'auto', 'mean', 'sum' or None, got {reduction!r}")
     if reduction == "auto":
-        return "auto" if ddp_model and micro_batches == 1 and check else None
-    if not ddp_model:
-        raise ValueError(f"LoadBalancer: loss_reduction={reduction!r} weights the gradients in a DDP model's "
-                         "communication hook: it needs a DistributedDataParallel model (with FSDP2 or without a "
-                         "model leave loss_reduction=None and call lb.scale(loss))")
+        return "auto" if hooked and micro_batches == 1 and check else None
+    if not hooked:
+        raise ValueError(f"LoadBalancer: loss_reduction={reduction!r} weights the gradients before they are summed, "
+                         "in a DDP model's communication hook or an FSDP2 model's reduce-scatter: it needs one of "
+                         "them (FSDP2 with more than one rank in the mesh's shard dimension); without, leave "
+                         "loss_reduction=None and call lb.scale(loss)")
     if micro_batches != 1:
         raise ValueError(f"LoadBalancer: loss_reduction={reduction!r} needs micro_batches=1: micro-batches of "
                          "unequal size need a weight each, which lb.scale(loss) gives (leave loss_reduction=None)")
