@@ -23,10 +23,15 @@ Runners, each a fresh pair of ranks under the same co-tenant, in rotating order 
                by -(b/t)(t - mean t), 5% dead band; gradients summed (benchmark code, not the product)
     naive      what a user would write: sizes proportional to the measured speeds (samples/s), smoothed (EMA 0.5),
                re-sized every step
+--fsdp: the same runners over FSDP2 (fully_shard on every convolution, the linear layer and the root, a 1-D mesh
+of the two ranks) instead of DDP: plain is FSDP2's own averaging reduce-scatter, lbbsp the LoadBalancer on the
+sharded model (the plain mean loss left to its reduce-scatter), the peers FSDP2 with SUM reductions.
+
 Every runner notes when each rank's backward reaches the first layer's weight (a gradient hook: the step's compute
-ends there) and the CPU time its process used. The ideal comes from plain's own steps: each step's oracle split of
-the two ranks' speeds measured at the equal split under the co-tenant (X / the sum of the speeds, against the
-slower rank's time), plain's other costs kept. It is clairvoyant (it knows each step's noise and each switch
+ends there; under --fsdp the gradient of the first layer's output, FSDP2's sharded weight having no hook) and the
+CPU time its process used. The ideal comes from plain's own steps: each step's oracle split of the two ranks'
+speeds measured at the equal split under the co-tenant (X / the sum of the speeds, against the slower rank's
+time), plain's other costs kept. It is clairvoyant (it knows each step's noise and each switch
 before it happens), so the table's first line also gives what a causal controller could reach on the same speeds:
 the best of the last step's speeds and EMAs of them (weights 0.3, 0.5, 0.7), each step split by what the steps
 before it measured.
@@ -86,15 +91,48 @@ def data():
 
 class ComputeClock:
     """Notes when backward computes the first layer's weight gradient (the last one computed): the step's compute
-    ends there. A tensor hook, so that plain DDP keeps its own C++ allreduce."""
+    ends there. A tensor hook, so that plain DDP keeps its own C++ allreduce. FSDP2 computes with unsharded
+    copies of the weights, so there the hook is on the first layer's output (its weight gradient follows), and
+    the waits in FSDP2's per-layer collectives before it (``waited``, seconds so far) are not compute."""
 
-    def __init__(self, model):
+    def __init__(self, model, sharded=False):
         self.ready = 0.0
-        model[0].weight.register_hook(self.mark)
+        self.waited = self.waited_at_ready = 0.0
+        if sharded:
+            model[0].register_forward_hook(self.watch)
+        else:
+            model[0].weight.register_hook(self.mark)
+
+    def watch(self, module, args, out):
+        out.register_hook(self.mark)  # returns None: the output stays as it is
 
     def mark(self, grad):
         self.ready = time.perf_counter()
+        self.waited_at_ready = self.waited
         return grad
+
+    def wait(self, seconds):
+        self.waited += seconds
+
+    def time_collectives(self, model):
+        """FSDP2's default all-gather and reduce-scatter on every module, their blocking calls counted as waits."""
+        from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+        for m in model.modules():
+            if hasattr(m, "set_custom_all_gather"):
+                m.set_custom_all_gather(timed(DefaultAllGather, self)())
+                m.set_custom_reduce_scatter(timed(DefaultReduceScatter, self)())
+
+
+def timed(base, clock):
+    """FSDP2's collective ``base`` whose blocking calls add to clock's waits (as lbbsp.torch times them)."""
+    class Timed(base):
+        def __call__(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            work = super().__call__(*args, **kwargs)
+            if work is None or not kwargs.get("async_op", False):
+                clock.wait(time.perf_counter() - t0)
+            return work
+    return Timed
 
 
 def largest_remainder(weights, total):
@@ -139,6 +177,28 @@ class Naive:
         self.sizes = largest_remainder(self.speed, X)
 
 
+def shard(model):
+    """FSDP2 as torchtitan applies it: every convolution and linear layer, then the root, over the two ranks."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for m in model:
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            fully_shard(m, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def sum_gradients(model, sharded):
+    """The peers' reduction: a SUM of the ranks' gradients (DDP's hook, or FSDP2's reduce-scatter)."""
+    if not sharded:
+        model.register_comm_hook(None, sum_allreduce_hook)
+        return
+    for m in model.modules():
+        if hasattr(m, "set_force_sum_reduction_for_comms"):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+
+
 def gather(value):
     """Every rank's float."""
     outs = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
@@ -152,22 +212,28 @@ def rank_main(rank, world, port, runner, a, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     x, y = data()
-    ddp = DDP(make_model())
+    ddp = shard(make_model()) if a.fsdp else DDP(make_model())  # ddp: the data-parallel model, either
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     lb = ctrl = None
-    clock = ComputeClock(ddp.module)
+    clock = ComputeClock(ddp if a.fsdp else ddp.module, a.fsdp)
     if runner in ("lbbsp", "lbbsp-b", "lbbsp-python"):
         spec = a.balancer_b if runner == "lbbsp-b" else a.balancer
         os.environ["LBBSP_TORCH_NATIVE"] = "0" if runner == "lbbsp-python" else "auto"
         lb = LoadBalancer(ddp, dataset_size=len(x), global_batch=X, balancer=spec, predictor=a.predictor)
-    elif runner != "plain":
-        ddp.register_comm_hook(None, sum_allreduce_hook)
-        ctrl = OmniLearn(world) if runner == "omnilearn" else Naive(world)
+        if a.fsdp:  # its own timed collectives: the waits it counts are the clock's too
+            add_wait = lb.clock.add_wait
+            lb.clock.add_wait = lambda seconds: (clock.wait(seconds), add_wait(seconds))
+    else:
+        if a.fsdp:
+            clock.time_collectives(ddp)
+        if runner != "plain":
+            sum_gradients(ddp, a.fsdp)
+            ctrl = OmniLearn(world) if runner == "omnilearn" else Naive(world)
     rec = {"end": [], "sizes": [], "compute": [], "cpu": [], "lb_step_s": [], "band": []}
     equal, perm = np.full(world, X // world, dtype=np.int64), None
     for k in range(a.steps):
         epoch, step = divmod(k, STEPS_PER_EPOCH)
-        t0 = time.perf_counter()
+        t0, waited = time.perf_counter(), clock.waited
         if lb is not None:
             sizes, idx = lb.batch_sizes, lb.indices(epoch, step)
         else:
@@ -178,7 +244,7 @@ def rank_main(rank, world, port, runner, a, out):
         idx = torch.from_numpy(idx)
         out_ = ddp(x[idx])
         if runner == "plain":
-            loss = F.cross_entropy(out_, y[idx])  # DDP averages: the equal split's mean loss
+            loss = F.cross_entropy(out_, y[idx])  # DDP (FSDP2) averages: the equal split's mean loss
         elif lb is not None:
             loss = F.cross_entropy(out_, y[idx])  # the default loss_reduction: the hook weights it n_r / X
         else:
@@ -191,9 +257,10 @@ def rank_main(rank, world, port, runner, a, out):
             lb.step()
             rec["lb_step_s"].append(time.perf_counter() - s0)
             rec["band"].append(lb.figures()["lbbsp/noise_band"])  # the band of the decision just made
-        elif ctrl is not None:
-            ctrl.update(k, clock.ready - t0)
-        rec["compute"].append(clock.ready - t0)
+        compute = clock.ready - t0 - (clock.waited_at_ready - waited)  # FSDP2: less its waits in collectives
+        if ctrl is not None:
+            ctrl.update(k, compute)
+        rec["compute"].append(compute)
         rec["cpu"].append(time.process_time())
         rec["end"].append(time.perf_counter())
         rec["sizes"].append([int(v) for v in sizes])
@@ -329,6 +396,7 @@ def main():
     ap.add_argument("--balancer-b", default="lbbsp-cpu;band=1",
                     help="the runner lbbsp-b's balancer (an A/B against --balancer in one run; add it to --runners; "
                          "default: the band lbbsp-cpu had until 2026-12-06)")
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard) instead of DDP for every runner")
     ap.add_argument("--out", default="results/cotenant")
     ap.add_argument("--tabulate", action="store_true", help="run nothing: the table of the runs kept in --out")
     a = ap.parse_args()
@@ -339,7 +407,9 @@ def main():
     if "plain" not in runners or not set(runners) <= set(known):
         sys.exit(f"torch_cotenant.py: --runners {a.runners!r}: a comma-separated list from {', '.join(known)}, "
                  "plain (the baseline) among them")
-    folder = os.path.join(a.out, a.scenario)
+    if a.fsdp and "lbbsp-python" in runners:
+        sys.exit("torch_cotenant.py: --fsdp: lbbsp-python is DDP's Python step path (FSDP2's is Python already)")
+    folder = os.path.join(a.out, a.scenario + ("-fsdp" if a.fsdp else ""))
     os.makedirs(folder, exist_ok=True)
     results = {r: [] for r in runners}
     for rep in range(a.repeats):
