@@ -15,9 +15,7 @@ lb.untimed(), outside each LoadBalancer's windows. Per runner: the mean step (wa
 lb.step()) and CPU a step (process time of the rank, gloo's threads included), steps after the first 50, and the
 difference to plain DDP's; medians over rounds. --profile: rank 0's CPU (this thread's) in each lbbsp.torch function
 of the per-step path (lbbsp-cpu alone), in us a step, from wrappers around them (a few us each): where the cost is.
---lag L: the LoadBalancers decide L steps ahead (what a DataLoader with workers needs). --fsdp: every runner's
-model sharded with FSDP2 instead (bench/torch_cotenant.py's shard(): each layer and the root), plain being FSDP2's
-own averaging reduce-scatter (lbbsp-python does not apply: FSDP2's step path is Python).
+--lag L: the LoadBalancers decide L steps ahead (what a DataLoader with workers needs).
 """
 import argparse
 import collections
@@ -42,7 +40,6 @@ import torch_cotenant as tc  # the model and data of the co-tenant benchmark
 import lbbsp
 import lbbsp.torch.controller as controller
 import lbbsp.torch.ddp as ddp_hook
-import lbbsp.torch.fsdp as fsdp_hook
 import lbbsp.torch.native as native
 from lbbsp.torch import LoadBalancer
 
@@ -67,10 +64,6 @@ def profile(lb, spent):
                 spent[label] += time.thread_time() - t
         setattr(owner, name, timed)
     wrap(ddp_hook, "_sum_and_report", "comm hook (all of it)")
-    wrap(fsdp_hook._StepTiming, "weigh", "reduce-scatter weight")
-    wrap(fsdp_hook, "weigh", "  the multiply")
-    wrap(fsdp_hook._StepTiming, "_end_of_backward", "end of backward (report out)")
-    wrap(lb, "send_report", "  report sent")
     for name in ("report", "step", "scale", "indices"):
         wrap(lb, name, f"lb.{name}")
     wrap(lb.exchange, "piggyback", "  report block")
@@ -84,9 +77,9 @@ def profile(lb, spent):
 class Runner:
     """One DDP model, plain or with a LoadBalancer, and its steps' wall and CPU seconds."""
 
-    def __init__(self, name, world, x, y, do_profile, lag, sharded):
+    def __init__(self, name, world, x, y, do_profile, lag):
         self.name, self.x, self.y, self.world = name, x, y, world
-        self.model = tc.shard(tc.make_model()) if sharded else DDP(tc.make_model())
+        self.model = DDP(tc.make_model())
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
         self.lb, self.spent = None, collections.defaultdict(float)
         if RUNNERS[name]:
@@ -120,13 +113,13 @@ class Runner:
         self.cpu.append(time.process_time() - c)
 
 
-def rank_main(rank, world, port, names, steps, do_profile, lag, sharded, out):
+def rank_main(rank, world, port, names, steps, do_profile, lag, out):
     os.sched_setaffinity(0, {rank})
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     x, y = tc.data()
-    runners = [Runner(n, world, x, y, do_profile, lag, sharded) for n in names]
+    runners = [Runner(n, world, x, y, do_profile, lag) for n in names]
     for k in range(steps):
         if k == WARMUP:
             for r in runners:
@@ -150,10 +143,10 @@ def rank_main(rank, world, port, names, steps, do_profile, lag, sharded, out):
     dist.destroy_process_group()
 
 
-def run(names, steps, do_profile, lag, sharded):
+def run(names, steps, do_profile, lag):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "r.json")
-        mp.spawn(rank_main, args=(2, tc.free_port(), names, steps, do_profile, lag, sharded, out), nprocs=2)
+        mp.spawn(rank_main, args=(2, tc.free_port(), names, steps, do_profile, lag, out), nprocs=2)
         with open(out) as f:
             return json.load(f)
 
@@ -166,23 +159,22 @@ def main():
                     help="rank 0's CPU in lbbsp.torch's functions (the first LoadBalancer runner of --runners)")
     ap.add_argument("--lag", type=int, default=0, help="the LoadBalancers' lag (steps decided ahead)")
     ap.add_argument("--runners", default=",".join(RUNNERS), help=f"of {', '.join(RUNNERS)} (plain always runs)")
-    ap.add_argument("--fsdp", action="store_true", help="FSDP2 models instead of DDP (without lbbsp-python)")
     a = ap.parse_args()
-    names = ["plain"] + [n for n in a.runners.split(",") if n != "plain" and not (a.fsdp and n == "lbbsp-python")]
+    names = ["plain"] + [n for n in a.runners.split(",") if n != "plain"]
     if a.steps <= WARMUP:
         sys.exit(f"torch_step_cost.py: --steps must exceed the {WARMUP} warm-up steps, got {a.steps}")
     if any(n not in RUNNERS for n in names):
         sys.exit(f"torch_step_cost.py: --runners takes names of {', '.join(RUNNERS)}, got {a.runners!r}")
     if a.profile:
         name = next((n for n in names if n != "plain"), "lbbsp")
-        got = run([name], a.steps, True, a.lag, a.fsdp)[name]
+        got = run([name], a.steps, True, a.lag)[name]
         print(f"rank 0's CPU in lbbsp.torch a step (thread time, us), {name}, {a.steps - WARMUP} steps:")
         for label, us in sorted(got["profile_us"].items(), key=lambda kv: -kv[1]):
             print(f"  {label:28s} {us:7.1f}")
         return
     rounds = []
     for r in range(a.rounds):
-        rounds.append(run(names, a.steps, False, a.lag, a.fsdp))
+        rounds.append(run(names, a.steps, False, a.lag))
         print(f"round {r + 1}: " + ", ".join(f"{n} {1e3 * rounds[-1][n]['step_s']:.2f} ms" for n in names),
               flush=True)
     print(f"\n{a.rounds} rounds of {a.steps} steps of each runner, in turn (the first {WARMUP} left out), 2 ranks "

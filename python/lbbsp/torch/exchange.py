@@ -93,13 +93,6 @@ class ReportExchange:
         self._spare: List[torch.Tensor] = []  # report blocks not in flight
         _LIVE.add(self)
 
-    def gather_on(self, group: dist.ProcessGroup) -> None:
-        """The all-gathers of reports go on ``group`` (a gloo group of the same ranks in the same order), not on
-        the control group: the model's own (FSDP2's on the CPU), whose gloo threads are busy every step anyway. A
-        collective on the idle control group cost 0.4-0.7 ms of CPU and 0.5-1.3 ms a step on 2 ranks pinned one per
-        core (its threads woken on the rank's core each step; bench/torch_step_cost.py --fsdp)."""
-        self.group = group
-
     def launch(self, step: int, report: np.ndarray) -> None:
         mine = torch.from_numpy(report)
         out = [torch.zeros_like(mine) for _ in range(self.world)]

@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 from .ddp import orphaned_warning, weigh
-from .exchange import group_ranks
 from .loss import watch_rows
 
 if TYPE_CHECKING:
@@ -107,9 +106,6 @@ def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None
             raise TypeError(f"LoadBalancer: cannot time the FSDP module {type(m).__name__}'s collectives: {e}") from e
     if check_rows:
         watch_rows(me, model)
-    group = _mesh(model).get_group() if not hsdp else None
-    if group is not None and dist.get_backend(group) == "gloo" and group_ranks(group) == lb.exchange.ranks:
-        lb.exchange.gather_on(group)  # each step's report after its last reduce-scatter, in the same order on all
 
 
 class _StepTiming:
