@@ -83,7 +83,7 @@ def _exact_worker(rank, world, store, out, hsdp, lag, micro, compiled=False):
         opt.zero_grad()
         lb.step()
     np.save(os.path.join(out, f"fsdp-{rank}.npy"), full_params(model))
-    dump_rank(out, "fsdp", rank, {"sizes": sizes, "gathers": lb.exchange.gathers})
+    dump_rank(out, "fsdp", rank, {"sizes": sizes, "gathers": lb.exchange.gathers, "rides": lb.exchange.rides})
     finish()
 
 
@@ -100,7 +100,10 @@ def test_fsdp_equals_one_process(tmp_path, world, hsdp, lag, micro, compiled):
     sizes = np.array(got[0]["sizes"])
     assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
     assert (sizes == 0).any() and (sizes.sum(axis=1) == 24).all(), sizes
-    assert got[0]["gathers"] == len(sizes), "one report per step, at the end of the step's backward"
+    # one report per step: in the step's last reduce-scatter (one gloo group of the balanced ranks), else (HSDP:
+    # the reduce-scatter spans a replica's ranks only) in an all-gather at the end of backward
+    reports = {"rides": 0 if hsdp else len(sizes), "gathers": len(sizes) if hsdp else 0}
+    assert all({key: g[key] for key in reports} == reports for g in got), got
     ref = one_process(len(sizes), 24)
     assert_equal_to_one_process(ref, [tmp_path / f"fsdp-{r}.npy" for r in range(world)])
 

@@ -144,10 +144,11 @@ class ReportExchange:
         write_row(block.numpy(), self.rank, report)
         return block
 
-    def ride(self, step: int, work: dist.Work, block: torch.Tensor, done: torch.futures.Future) -> None:
-        """The step's reports travel in ``block``, reduced with the bucket; ``done`` is the future DDP waits for
-        (the allreduce's, through the hook's callback): once it is done the reports are there to read, also while
-        gloo's thread still finishes the work itself (a wait() for that took 30-130 us in a step in five)."""
+    def ride(self, step: int, work: Optional[dist.Work], block: torch.Tensor, done: torch.futures.Future) -> None:
+        """The step's reports travel in ``block``, reduced with the bucket (or FSDP2's reduce-scatter: no work, done
+        already); ``done`` is the future DDP waits for (the allreduce's, through the hook's callback): once it is
+        done the reports are there to read, also while gloo's thread still finishes the work itself (a wait() for
+        that took 30-130 us in a step in five)."""
         self._flight[step] = (work, (block, done))
         self._rides += 1
 

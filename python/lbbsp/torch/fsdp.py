@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .ddp import orphaned_warning, weigh
+from .exchange import group_ranks
 from .loss import watch_rows
 
 if TYPE_CHECKING:
@@ -90,10 +91,11 @@ def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None
     """Sets SUM reductions and the timed collectives on every FSDP module of ``model``."""
     check_settings(model)
     me = weakref.ref(lb)
-    timing = _StepTiming(me, lb.loss.reduction, lb.loss.orphan_weight(lb.world_size))
+    hsdp = is_hsdp(model)
+    timing = _StepTiming(me, lb.loss.reduction, lb.loss.orphan_weight(lb.world_size),
+                         None if hsdp or lb.clock.on_device else _scatters_a_step(model, lb.exchange.ranks))
     default_all_gather, default_reduce_scatter = _default_comms()
     all_gather, reduce_scatter = _timed(default_all_gather, timing), _timed(default_reduce_scatter, timing, True)
-    hsdp = is_hsdp(model)
     for m in fsdp_modules(model):
         m.set_gradient_divide_factor(1.0)
         m.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM; a SUM with a factor of 1 is exact
@@ -108,13 +110,28 @@ def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None
         watch_rows(me, model)
 
 
-class _StepTiming:
-    """The waits of a step in FSDP's collectives, and the report at the end of its backward."""
+def _scatters_a_step(model: torch.nn.Module, balanced: List[int]) -> Optional[int]:
+    """The reduce-scatters of a step (one per FSDP parameter group) where the report can ride in the last of them:
+    a 1-D mesh over the balanced ranks on gloo (the reduce-scatter's group is then theirs, in their order)."""
+    group = _mesh(model).get_group()
+    if dist.get_backend(group) != "gloo" or group_ranks(group) != balanced:
+        return None
+    return sum(len(getattr(m._get_fsdp_state(), "_fsdp_param_groups", [])) for m in fsdp_modules(model)) or None
 
-    def __init__(self, me: "weakref.ref", reduction: Optional[str], orphan_weight: Optional[float]) -> None:
+
+class _StepTiming:
+    """The waits of a step in FSDP's collectives, and the report: in the step's last reduce-scatter where it can
+    ride there (one collective, not two: on gloo each costs its TCP loop 0.4-1 ms of the rank's core), else in an
+    all-gather at the end of backward."""
+
+    def __init__(self, me: "weakref.ref", reduction: Optional[str], orphan_weight: Optional[float],
+                 scatters_a_step: Optional[int]) -> None:
         self._me = me
         self._orphan_weight, self._orphaned = orphan_weight, False
         self._orphan_message = orphaned_warning("FSDP", reduction)
+        self._scatters_a_step = scatters_a_step
+        self._scattered = (-1, 0)  # (step, its reduce-scatters so far)
+        self._rode_step = -1  # the last step whose report rode in a reduce-scatter
         self._queued_step = -1
         self._scattered_s = 0.0  # when the last reduce-scatter returned (HSDP: the all-reduce follows)
 
@@ -135,6 +152,38 @@ class _StepTiming:
             warnings.warn(self._orphan_message)
         weigh(gradients, self._orphan_weight)
 
+    def rides_here(self, gradients: torch.Tensor, async_op: bool) -> bool:
+        """Counts a reduce-scatter of the step: whether it is the step's last, the report to ride in it (the same
+        verdict on every rank: FSDP2 runs the same reduce-scatters, of the same sizes and dtypes, everywhere)."""
+        lb = self._me()
+        if lb is None or self._scatters_a_step is None:
+            return False
+        k = lb.global_step
+        n = self._scattered[1] + 1 if self._scattered[0] == k else 1
+        self._scattered = (k, n)
+        return n == self._scatters_a_step and not async_op and not lb.exchange.launched(k) and \
+            lb.exchange.can_piggyback(gradients)
+
+    def ride(self, scatter: Any, output_tensor: torch.Tensor, input_tensor: torch.Tensor, **kwargs: Any) -> None:
+        """The reduce-scatter with the report block beside each rank's chunk of the input: the SUM gives every
+        rank its shard and every rank's report (the block holds this rank's row, zeros elsewhere)."""
+        lb = self._me()
+        k, now = lb.global_step, time.perf_counter()
+        block = lb.exchange.piggyback(lb.report(k, now), input_tensor.dtype)
+        shard, world, extra = output_tensor.numel(), lb.world_size, block.numel()
+        wide_in = torch.empty(world, shard + extra, dtype=input_tensor.dtype)
+        wide_in[:, :shard].copy_(input_tensor.view(world, shard))
+        wide_in[:, shard:].copy_(block.view(1, extra))
+        wide_out = torch.empty(shard + extra, dtype=input_tensor.dtype)
+        t0 = time.perf_counter()
+        scatter(output_tensor=wide_out, input_tensor=wide_in.view(-1), **kwargs)
+        self.waited(time.perf_counter() - t0)
+        output_tensor.copy_(wide_out[:shard])
+        arrived: torch.futures.Future = torch.futures.Future()
+        arrived.set_result(None)
+        lb.exchange.ride(k, None, wide_out[shard:].view(block.shape), arrived)
+        self._rode_step = k
+
     def reduce_scattered(self) -> None:
         """A reduce-scatter of a step's backward returned: at the first, queue the report for the end of it."""
         self._scattered_s = time.perf_counter()
@@ -153,10 +202,11 @@ class _StepTiming:
         if lb is None:
             return
         k = lb.global_step
-        if lb.exchange.launched(k):
+        if lb.exchange.launched(k) and self._rode_step != k:
             return
         lb.loss.check_scaled(k)
-        lb.send_report(k, time.perf_counter())
+        if self._rode_step != k:
+            lb.send_report(k, time.perf_counter())
         lb.clock.restart()  # the next window opens as the step's last reduce-scatter is left
 
 
@@ -165,7 +215,13 @@ def _timed(base: type, timing: _StepTiming, scatters: bool = False) -> Any:
     class Timed(base):  # type: ignore[misc, valid-type]
         def __call__(self, *args: Any, **kwargs: Any) -> Optional[dist.Work]:
             if scatters:  # (output_tensor, input_tensor, group, op): the input is this rank's unsharded gradients
-                timing.weigh(kwargs["input_tensor"] if "input_tensor" in kwargs else args[1])
+                kwargs.update(zip(("output_tensor", "input_tensor", "group", "op", "async_op"), args))
+                args = ()
+                timing.weigh(kwargs["input_tensor"])
+                if timing.rides_here(kwargs["input_tensor"], kwargs.get("async_op", False)):
+                    timing.ride(super().__call__, **kwargs)
+                    timing.reduce_scattered()
+                    return None
             t0 = time.perf_counter()
             work = super().__call__(*args, **kwargs)
             if work is None or not kwargs.get("async_op", False):
