@@ -9,9 +9,11 @@ for the slow one, and that waiting is not its work. With HSDP the all-reduce ove
 reduce-scatter and FSDP's all-reduce hook: the gap between the two is timed as waiting too. With loss_reduction
 (the default "auto": a plain mean loss) the reduce-scatter first weights this rank's gradients, as DDP's hook does.
 
-The report leaves at the end of backward (an autograd engine callback queued at the step's first reduce-scatter,
-so it runs after FSDP's own final callback), in the control group's asynchronous all-gather, and the next step's
-window opens there: on the host the last reduce-scatter is the step's barrier, as DDP's allreduce is."""
+The report rides in the step's last reduce-scatter where that is one gloo group of the balanced ranks (a 1-D mesh
+on the CPU), else leaves at the end of backward in the control group's asynchronous all-gather; either way the next
+step's window opens at the end of backward (an autograd engine callback queued at the step's first reduce-scatter,
+so it runs after FSDP's own final callback): on the host the last reduce-scatter is the step's barrier, as DDP's
+allreduce is."""
 
 import time
 import warnings
