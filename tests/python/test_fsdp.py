@@ -1,6 +1,7 @@
 """lbbsp.torch over FSDP2 (fully_shard per block and at the root) and HSDP (a 2-D mesh, replicate x shard) on gloo
 process groups: exact against one process with zero-size slices (3 and 4 ranks, float64), with gradient
-accumulation, with bf16 parameters; a rank slowed in data loading, forward or after backward gets fewer samples
+accumulation, with a plain mean loss left to the reduce-scatter, the report riding in the last reduce-scatter (an
+error in it ends every rank), a dropped LoadBalancer averaging as plain FSDP2, with bf16 parameters; a rank slowed in data loading, forward or after backward gets fewer samples
 (its waits in every all-gather and reduce-scatter not counted as work); 4 ranks of capacities 1, 1, 0.5, 0.25 split
 as their capacities; the settings FSDP2 needs set by the LoadBalancer and a contradicting one refused;
 torch.distributed.checkpoint with the sharded model and optimizer, resumed at another world size (4 -> 3)."""
@@ -183,6 +184,41 @@ def test_fsdp_dropped_load_balancer_averages_as_plain_fsdp(tmp_path):
     for g in load_ranks(tmp_path, "dropped", 2):
         assert g["difference"] < 1e-12, g
         assert len(g["warned"]) == 1 and "averages the gradients as DDP does" in g["warned"][0], g["warned"]
+
+
+def _failing_worker(rank, world, store, out):
+    """Rank 2's monitor raises while its report is built, in the step's last reduce-scatter (the report rides there)."""
+    init(rank, world, store)
+    x, y = data()
+    model, calls = shard(make_model(), world), [0]
+
+    def monitor():
+        calls[0] += 1
+        if rank == 2 and calls[0] == 4:
+            raise OSError("sensor exploded")
+        return [1.0, 0.5, 0.0]
+
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="lbbsp-cpu", timeout_s=20, monitor=monitor)
+    t0, result = time.time(), "finished"
+    try:
+        for g in range(10):
+            idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+            F.cross_entropy(model(x[idx]), y[idx]).backward()
+            lb.step()
+    except RuntimeError as e:
+        result = str(e)
+    took = time.time() - t0
+    dist.barrier()  # every process stays alive until all have their answer
+    dump_rank(out, "failing", rank, {"result": result, "took": took, "rides": lb.exchange.rides})
+    finish()
+
+
+def test_fsdp_error_in_a_riding_report_ends_every_rank_naming_it(tmp_path):
+    spawn(_failing_worker, 3, tmp_path)
+    for g in load_ranks(tmp_path, "failing", 3):
+        assert g["result"].startswith("LoadBalancer: step 3: rank 2 failed in its report: rank 2: OSError: sensor "
+                                      "exploded"), g["result"]
+        assert g["took"] < 20 and g["rides"] == 4, g
 
 
 def _mixed_worker(rank, world, store, out):
