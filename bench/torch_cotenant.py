@@ -67,6 +67,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch_peers import Naive, OmniLearn  # bench/torch_peers.py: the published peers (benchmark code)
 
 import lbbsp
 from lbbsp.torch import LoadBalancer, sum_allreduce_hook
@@ -135,48 +136,6 @@ def timed(base, clock):
     return Timed
 
 
-def largest_remainder(weights, total):
-    """Integer sizes proportional to weights, summing to total, each >= 1."""
-    w = np.maximum(np.asarray(weights, dtype=np.float64), 1e-12)
-    raw = w / w.sum() * (total - len(w))
-    sizes = np.floor(raw).astype(np.int64)
-    sizes[np.argsort(sizes - raw)[: total - len(w) - sizes.sum()]] += 1
-    return sizes + 1
-
-
-class OmniLearn:
-    """Every `window` steps: b_r -= (b_r / t_r)(t_r - mean t) where |t_r - mean t| > 5% of mean t."""
-
-    def __init__(self, world, window=20, band=0.05):
-        self.sizes = np.full(world, X // world, dtype=np.int64)
-        self.window, self.band, self.times = window, band, []
-
-    def update(self, step, t_mine):
-        self.times.append(t_mine)
-        if (step + 1) % self.window:
-            return
-        t = gather(float(np.mean(self.times)))
-        self.times = []
-        mean = t.mean()
-        b = self.sizes.astype(np.float64)
-        move = np.where(np.abs(t - mean) > self.band * mean, -(b / t) * (t - mean), 0.0)
-        self.sizes = largest_remainder(np.maximum(b + move, 1.0), X)
-
-
-class Naive:
-    """Sizes proportional to the measured speeds (samples/s), an EMA of 0.5, every step."""
-
-    def __init__(self, world):
-        self.sizes = np.full(world, X // world, dtype=np.int64)
-        self.speed = None
-
-    def update(self, step, t_mine):
-        t = gather(t_mine)
-        s = self.sizes / np.maximum(t, 1e-6)
-        self.speed = s if self.speed is None else 0.5 * self.speed + 0.5 * s
-        self.sizes = largest_remainder(self.speed, X)
-
-
 def shard(model):
     """FSDP2 as torchtitan applies it: every convolution and linear layer, then the root, over the two ranks."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -197,13 +156,6 @@ def sum_gradients(model, sharded):
         if hasattr(m, "set_force_sum_reduction_for_comms"):
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)
-
-
-def gather(value):
-    """Every rank's float."""
-    outs = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
-    dist.all_gather(outs, torch.tensor([value], dtype=torch.float64))
-    return torch.cat(outs).numpy()
 
 
 def rank_main(rank, world, port, runner, a, out):
@@ -228,7 +180,7 @@ def rank_main(rank, world, port, runner, a, out):
             clock.time_collectives(ddp)
         if runner != "plain":
             sum_gradients(ddp, a.fsdp)
-            ctrl = OmniLearn(world) if runner == "omnilearn" else Naive(world)
+            ctrl = (OmniLearn if runner == "omnilearn" else Naive)(world, X)
     rec = {"end": [], "sizes": [], "compute": [], "cpu": [], "lb_step_s": [], "band": []}
     equal, perm = np.full(world, X // world, dtype=np.int64), None
     for k in range(a.steps):

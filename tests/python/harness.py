@@ -252,3 +252,32 @@ def synth_images(path):
     """A small dataset in the Fashion-MNIST HDF5 layout (600 train images of 28 x 28, 10 classes)."""
     subprocess.run([os.environ.get("LBBSP_BIN", "lbbsp"), "data", "synth", "--samples", "600", "--features", "784",
                     "--classes", "10", "--seed", "1", "--out", str(path)], check=True, capture_output=True)
+
+
+def shard(model, world, hsdp=False, mp_policy=None):
+    """fully_shard on every Linear and on the root, as torchtitan shards its blocks; HSDP: 2 replicas (FSDP2:
+    PyTorch >= 2.8, the FSDP test files skip before)."""
+    from torch.distributed import fsdp
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard")) if hsdp else \
+        init_device_mesh("cpu", (world,))
+    kwargs = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            fsdp.fully_shard(m, **kwargs)
+    return fsdp.fully_shard(model, **kwargs)
+
+
+def full_params(model):
+    """The sharded model's parameters, gathered, as one NumPy vector (a collective: every rank calls it)."""
+    return torch.cat([p.full_tensor().detach().flatten() for p in model.parameters()]).numpy()
+
+
+def fsdp2_or_skip():
+    """torch.distributed.fsdp with FSDP2's custom collectives, else the calling test module is skipped."""
+    if not TORCH2:  # importing torch.distributed.fsdp fails on 1.13 under Python 3.11 (a dataclass default)
+        pytest.skip("FSDP2 is PyTorch 2.x (python.torch2)", allow_module_level=True)
+    fsdp = pytest.importorskip("torch.distributed.fsdp")
+    if not hasattr(fsdp, "fully_shard") or not hasattr(fsdp.FSDPModule, "set_custom_reduce_scatter"):
+        pytest.skip("FSDP2 with custom collectives is PyTorch >= 2.8 (python.torch2)", allow_module_level=True)
+    return fsdp

@@ -1,16 +1,13 @@
 """lbbsp.torch over FSDP2 (fully_shard per block and at the root) and HSDP (a 2-D mesh, replicate x shard) on gloo
 process groups: exact against one process with zero-size slices (3 and 4 ranks, float64), with gradient
-accumulation, with a plain mean loss left to the reduce-scatter, the report riding in the last reduce-scatter (an
-error in it ends every rank), a dropped LoadBalancer averaging as plain FSDP2, with bf16 parameters; a rank
+accumulation, the report riding in the last reduce-scatter (HSDP: its all-gather), with bf16 parameters; a rank
 slowed in data loading, forward or after backward gets fewer samples (its waits in every all-gather and
-reduce-scatter not counted as work); 4 ranks of capacities 1, 1, 0.5, 0.25 split
-as their capacities; the settings FSDP2 needs set by the LoadBalancer and a contradicting one refused;
-torch.distributed.checkpoint with the sharded model and optimizer, resumed at another world size (4 -> 3)."""
+reduce-scatter not counted as work); 4 ranks of capacities 1, 1, 0.5, 0.25 split as their capacities; the settings
+FSDP2 needs set by the LoadBalancer and a contradicting one refused; torch.distributed.checkpoint with the sharded
+model and optimizer, resumed at another world size (4 -> 3). The loss left to the reduce-scatter: test_fsdp_loss.py."""
 
-import gc
 import os
 import time
-import warnings
 
 import numpy as np
 import pytest
@@ -20,7 +17,6 @@ import torch.nn.functional as F
 from harness import (
     CLASSES,
     DIM,
-    TORCH2,
     N,
     appears,
     assert_equal_to_one_process,
@@ -28,37 +24,19 @@ from harness import (
     dump_rank,
     finish,
     fixed_metrics,
+    fsdp2_or_skip,
+    full_params,
     init,
     load_ranks,
     make_model,
     one_process,
+    shard,
     spawn,
 )
 
 from lbbsp.torch import LoadBalancer
 
-if not TORCH2:  # importing torch.distributed.fsdp fails on 1.13 under Python 3.11 (a dataclass default)
-    pytest.skip("FSDP2 is PyTorch 2.x (python.torch2)", allow_module_level=True)
-fsdp = pytest.importorskip("torch.distributed.fsdp")
-if not hasattr(fsdp, "fully_shard") or not hasattr(fsdp.FSDPModule, "set_custom_reduce_scatter"):
-    pytest.skip("FSDP2 with custom collectives is PyTorch >= 2.8 (python.torch2)", allow_module_level=True)
-from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
-
-
-def shard(model, world, hsdp=False, mp_policy=None):
-    """fully_shard on every Linear and on the root, as torchtitan shards its blocks; HSDP: 2 replicas."""
-    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard")) if hsdp else \
-        init_device_mesh("cpu", (world,))
-    kwargs = {"mesh": mesh} if mp_policy is None else {"mesh": mesh, "mp_policy": mp_policy}
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear):
-            fsdp.fully_shard(m, **kwargs)
-    return fsdp.fully_shard(model, **kwargs)
-
-
-def full_params(model):
-    """The sharded model's parameters, gathered, as one NumPy vector (a collective: every rank calls it)."""
-    return torch.cat([p.full_tensor().detach().flatten() for p in model.parameters()]).numpy()
+fsdp = fsdp2_or_skip()  # torch.distributed.fsdp, or the module skipped
 
 
 # ---- exactness ----
@@ -108,118 +86,6 @@ def test_fsdp_equals_one_process(tmp_path, world, hsdp, lag, micro, compiled):
     assert all({key: g[key] for key in reports} == reports for g in got), got
     ref = one_process(len(sizes), 24)
     assert_equal_to_one_process(ref, [tmp_path / f"fsdp-{r}.npy" for r in range(world)])
-
-
-def _mean_worker(rank, world, store, out, hsdp, reduction, scaled):
-    """A mean loss as a plain FSDP2 loop writes it, left to the reduce-scatter's weight (scale() on some steps or
-    none), or a sum loss under loss_reduction='sum'."""
-    init(rank, world, store)
-    x, y = data()
-    model = shard(make_model(), world, hsdp)
-    chosen = {} if reduction == "auto" else {"loss_reduction": reduction}  # "auto": the default
-    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=3, monitor=fixed_metrics,
-                      **chosen)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    sizes = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for g in range(2 * lb.steps_per_epoch):
-            sizes.append(lb.batch_sizes.tolist())
-            idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
-            loss = F.cross_entropy(model(x[idx]), y[idx], reduction="sum" if reduction == "sum" else "mean")
-            (lb.scale(loss) if scaled == "even" and g % 2 == 0 else loss).backward()
-            opt.step()
-            opt.zero_grad()
-            lb.step()
-    np.save(os.path.join(out, f"fsdp-{rank}.npy"), full_params(model))
-    dump_rank(out, "fsdp", rank, {"sizes": sizes, "reduction": lb.loss.reduction,
-                                  "warned": [str(w.message) for w in caught]})
-    finish()
-
-
-@pytest.mark.parametrize("world,hsdp,reduction,scaled", [(3, False, "auto", "never"), (4, True, "auto", "never"),
-                                                         (3, False, "auto", "even"), (3, False, "sum", "never")],
-                         ids=["fsdp3", "hsdp4", "fsdp3-scaled-on-even-steps", "fsdp3-sum"])
-def test_fsdp_mean_loss_left_to_the_reduce_scatter_equals_one_process(tmp_path, world, hsdp, reduction, scaled):
-    """The default ("auto") weights each rank's gradients n_r / X in the reduce-scatter, before the SUM, where the
-    loss did not go through scale(): a plain mean loss equals one process to 1e-10, 0-sample ranks included (their
-    gradients zeroed), with HSDP (the all-reduce over replicas sums the weighted shards) and with scale() on some
-    steps (those left alone); loss_reduction='sum' weights a sum loss 1 / X alike. No warning."""
-    spawn(_mean_worker, world, tmp_path, hsdp, reduction, scaled)
-    got = load_ranks(tmp_path, "fsdp", world)
-    sizes = np.array(got[0]["sizes"])
-    assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
-    assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
-    assert all(g["reduction"] == reduction and g["warned"] == [] for g in got), got
-    ref = one_process(len(sizes), 24, mean=True) if reduction == "auto" else one_process(len(sizes), 24)
-    assert_equal_to_one_process(ref, [tmp_path / f"fsdp-{r}.npy" for r in range(world)])
-
-
-def _dropped_worker(rank, world, store, out):
-    """A step with the LoadBalancer, then without it (dropped): one step's gradients against a plain FSDP2 model's
-    (its own averaging reduce-scatter) on the same rows."""
-    init(rank, world, store)
-    x, y = data()
-    model, plain = shard(make_model(), world), shard(make_model(), world)
-    lb = LoadBalancer(model, dataset_size=N, global_batch=24, monitor=fixed_metrics)
-    F.cross_entropy(model(x[:8]), y[:8]).backward()
-    lb.step()
-    del lb
-    gc.collect()
-    rows = slice(8 * rank, 8 * rank + 5 + rank)  # unequal rows: DDP's average of the ranks' means
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for m in (model, plain):
-            m.zero_grad()
-            F.cross_entropy(m(x[rows]), y[rows]).backward()
-    grads = [torch.cat([p.grad.full_tensor().flatten() for p in m.parameters()]) for m in (model, plain)]
-    dump_rank(out, "dropped", rank, {"difference": float((grads[0] - grads[1]).abs().max()),
-                                     "warned": [str(w.message) for w in caught]})
-    finish()
-
-
-def test_fsdp_dropped_load_balancer_averages_as_plain_fsdp(tmp_path):
-    """Once the LoadBalancer is gone its reduce-scatter stays a SUM (FSDP keeps its settings): with the loss left
-    to it ("auto") it weights each rank 1 / world, so the gradients are plain FSDP2's average, with one warning."""
-    spawn(_dropped_worker, 2, tmp_path)
-    for g in load_ranks(tmp_path, "dropped", 2):
-        assert g["difference"] < 1e-12, g
-        assert len(g["warned"]) == 1 and "averages the gradients as DDP does" in g["warned"][0], g["warned"]
-
-
-def _failing_worker(rank, world, store, out):
-    """Rank 2's monitor raises while its report is built, in the step's last reduce-scatter (the report rides there)."""
-    init(rank, world, store)
-    x, y = data()
-    model, calls = shard(make_model(), world), [0]
-
-    def monitor():
-        calls[0] += 1
-        if rank == 2 and calls[0] == 4:
-            raise OSError("sensor exploded")
-        return [1.0, 0.5, 0.0]
-
-    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="lbbsp-cpu", timeout_s=20, monitor=monitor)
-    t0, result = time.time(), "finished"
-    try:
-        for g in range(10):
-            idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
-            F.cross_entropy(model(x[idx]), y[idx]).backward()
-            lb.step()
-    except RuntimeError as e:
-        result = str(e)
-    took = time.time() - t0
-    dist.barrier()  # every process stays alive until all have their answer
-    dump_rank(out, "failing", rank, {"result": result, "took": took, "rides": lb.exchange.rides})
-    finish()
-
-
-def test_fsdp_error_in_a_riding_report_ends_every_rank_naming_it(tmp_path):
-    spawn(_failing_worker, 3, tmp_path)
-    for g in load_ranks(tmp_path, "failing", 3):
-        assert g["result"].startswith("LoadBalancer: step 3: rank 2 failed in its report: rank 2: OSError: sensor "
-                                      "exploded"), g["result"]
-        assert g["took"] < 20 and g["rides"] == 4, g
 
 
 def _mixed_worker(rank, world, store, out):
