@@ -359,8 +359,6 @@ def main():
     if "plain" not in runners or not set(runners) <= set(known):
         sys.exit(f"torch_cotenant.py: --runners {a.runners!r}: a comma-separated list from {', '.join(known)}, "
                  "plain (the baseline) among them")
-    if a.fsdp and "lbbsp-python" in runners:
-        sys.exit("torch_cotenant.py: --fsdp: lbbsp-python is DDP's Python step path (FSDP2's is Python already)")
     folder = os.path.join(a.out, a.scenario + ("-fsdp" if a.fsdp else ""))
     os.makedirs(folder, exist_ok=True)
     results = {r: [] for r in runners}

@@ -29,6 +29,7 @@ from harness import (
     init,
     load_ranks,
     make_model,
+    native_expected,
     one_process,
     shard,
     spawn,
@@ -42,8 +43,9 @@ fsdp = fsdp2_or_skip()  # torch.distributed.fsdp, or the module skipped
 # ---- exactness ----
 
 
-def _exact_worker(rank, world, store, out, hsdp, lag, micro, compiled=False):
+def _exact_worker(rank, world, store, out, hsdp, lag, micro, compiled=False, path="auto"):
     init(rank, world, store)
+    os.environ["LBBSP_TORCH_NATIVE"] = path  # "0": the Python reduce-scatter, the C++ path's reference
     x, y = data()
     model = shard(make_model(), world, hsdp)
     if compiled:  # the LoadBalancer takes the compiled wrapper and reaches the sharded module inside it
@@ -63,19 +65,23 @@ def _exact_worker(rank, world, store, out, hsdp, lag, micro, compiled=False):
         opt.zero_grad()
         lb.step()
     np.save(os.path.join(out, f"fsdp-{rank}.npy"), full_params(model))
-    dump_rank(out, "fsdp", rank, {"sizes": sizes, "gathers": lb.exchange.gathers, "rides": lb.exchange.rides})
+    dump_rank(out, "fsdp", rank, {"sizes": sizes, "gathers": lb.exchange.gathers, "rides": lb.exchange.rides,
+                                  "one_call": lb.native.one_call_steps if lb.native is not None else None})
     finish()
 
 
-@pytest.mark.parametrize("world,hsdp,lag,micro,compiled", [(3, False, 0, 1, False), (4, False, 1, 1, False),
-                                                           (4, True, 0, 1, False), (4, True, 2, 1, False),
-                                                           (3, False, 0, 2, False), (3, False, 0, 1, True)],
-                         ids=["fsdp3", "fsdp4-lag1", "hsdp4", "hsdp4-lag2", "fsdp3-accumulate", "fsdp3-compiled"])
-def test_fsdp_equals_one_process(tmp_path, world, hsdp, lag, micro, compiled):
+@pytest.mark.parametrize("world,hsdp,lag,micro,compiled,path", [
+    (3, False, 0, 1, False, "auto"), (3, False, 0, 1, False, "0"), (4, False, 1, 1, False, "auto"),
+    (4, True, 0, 1, False, "auto"), (4, True, 2, 1, False, "auto"), (3, False, 0, 2, False, "auto"),
+    (3, False, 0, 1, True, "auto")],
+    ids=["fsdp3", "fsdp3-python", "fsdp4-lag1", "hsdp4", "hsdp4-lag2", "fsdp3-accumulate", "fsdp3-compiled"])
+def test_fsdp_equals_one_process(tmp_path, world, hsdp, lag, micro, compiled, path):
     """random:5 gives some rank 0 samples (it still runs forward and backward, so every collective matches);
     the reductions are SUMs, each rank's loss its share: the parameters equal one process's to 1e-10. Also with
-    the sharded model wrapped by torch.compile (the eager backend: Dynamo's tracing without a compiler)."""
-    spawn(_exact_worker, world, tmp_path, hsdp, lag, micro, compiled)
+    the sharded model wrapped by torch.compile (the eager backend: Dynamo's tracing without a compiler). A 1-D
+    mesh without micro-batches runs the C++ step path (its reduce-scatter, its step() in one call); "python"
+    the Python path, its reference."""
+    spawn(_exact_worker, world, tmp_path, hsdp, lag, micro, compiled, path)
     got = load_ranks(tmp_path, "fsdp", world)
     sizes = np.array(got[0]["sizes"])
     assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
@@ -84,6 +90,8 @@ def test_fsdp_equals_one_process(tmp_path, world, hsdp, lag, micro, compiled):
     # the reduce-scatter spans a replica's ranks only) in an all-gather at the end of backward
     reports = {"rides": 0 if hsdp else len(sizes), "gathers": len(sizes) if hsdp else 0}
     assert all({key: g[key] for key in reports} == reports for g in got), got
+    native = native_expected(path) and not hsdp and micro == 1
+    assert all(g["one_call"] == (len(sizes) if native else None) for g in got), [g["one_call"] for g in got]
     ref = one_process(len(sizes), 24)
     assert_equal_to_one_process(ref, [tmp_path / f"fsdp-{r}.npy" for r in range(world)])
 

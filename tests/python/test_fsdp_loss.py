@@ -25,6 +25,7 @@ from harness import (
     init,
     load_ranks,
     make_model,
+    native_expected,
     one_process,
     shard,
     spawn,
@@ -38,10 +39,11 @@ fsdp = fsdp2_or_skip()  # torch.distributed.fsdp, or the module skipped
 # ---- the loss left to the reduce-scatter, the dropped LoadBalancer, a riding report's error ----
 
 
-def _mean_worker(rank, world, store, out, hsdp, reduction, scaled):
+def _mean_worker(rank, world, store, out, hsdp, reduction, scaled, path):
     """A mean loss as a plain FSDP2 loop writes it, left to the reduce-scatter's weight (scale() on some steps or
-    none), or a sum loss under loss_reduction='sum'."""
+    none), or a sum loss under loss_reduction='sum'. path "0": the weight in Python, the C++ path's reference."""
     init(rank, world, store)
+    os.environ["LBBSP_TORCH_NATIVE"] = path
     x, y = data()
     model = shard(make_model(), world, hsdp)
     chosen = {} if reduction == "auto" else {"loss_reduction": reduction}  # "auto": the default
@@ -60,25 +62,29 @@ def _mean_worker(rank, world, store, out, hsdp, reduction, scaled):
             opt.zero_grad()
             lb.step()
     np.save(os.path.join(out, f"fsdp-{rank}.npy"), full_params(model))
-    dump_rank(out, "fsdp", rank, {"sizes": sizes, "reduction": lb.loss.reduction,
+    dump_rank(out, "fsdp", rank, {"sizes": sizes, "reduction": lb.loss.reduction, "native": lb.native is not None,
                                   "warned": [str(w.message) for w in caught]})
     finish()
 
 
-@pytest.mark.parametrize("world,hsdp,reduction,scaled", [(3, False, "auto", "never"), (4, True, "auto", "never"),
-                                                         (3, False, "auto", "even"), (3, False, "sum", "never")],
-                         ids=["fsdp3", "hsdp4", "fsdp3-scaled-on-even-steps", "fsdp3-sum"])
-def test_fsdp_mean_loss_left_to_the_reduce_scatter_equals_one_process(tmp_path, world, hsdp, reduction, scaled):
+@pytest.mark.parametrize("world,hsdp,reduction,scaled,path", [
+    (3, False, "auto", "never", "auto"), (3, False, "auto", "never", "0"), (4, True, "auto", "never", "auto"),
+    (3, False, "auto", "even", "auto"), (3, False, "auto", "even", "0"), (3, False, "sum", "never", "auto")],
+    ids=["fsdp3", "fsdp3-python", "hsdp4", "fsdp3-scaled-on-even-steps", "fsdp3-scaled-python", "fsdp3-sum"])
+def test_fsdp_mean_loss_left_to_the_reduce_scatter_equals_one_process(tmp_path, world, hsdp, reduction, scaled,
+                                                                       path):
     """The default ("auto") weights each rank's gradients n_r / X in the reduce-scatter, before the SUM, where the
     loss did not go through scale(): a plain mean loss equals one process to 1e-10, 0-sample ranks included (their
     gradients zeroed), with HSDP (the all-reduce over replicas sums the weighted shards) and with scale() on some
-    steps (those left alone); loss_reduction='sum' weights a sum loss 1 / X alike. No warning."""
-    spawn(_mean_worker, world, tmp_path, hsdp, reduction, scaled)
+    steps (those left alone); loss_reduction='sum' weights a sum loss 1 / X alike. No warning. On a 1-D mesh the
+    weight is the C++ step path's, else ("python", HSDP) the Python reduce-scatter's."""
+    spawn(_mean_worker, world, tmp_path, hsdp, reduction, scaled, path)
     got = load_ranks(tmp_path, "fsdp", world)
     sizes = np.array(got[0]["sizes"])
     assert all(g["sizes"] == got[0]["sizes"] for g in got), "the ranks disagree on the sizes"
     assert (sizes == 0).any(), "random:5 gave no 0-sample rank: the test lost its point"
     assert all(g["reduction"] == reduction and g["warned"] == [] for g in got), got
+    assert all(g["native"] == (native_expected(path) and not hsdp) for g in got), got
     ref = one_process(len(sizes), 24, mean=True) if reduction == "auto" else one_process(len(sizes), 24)
     assert_equal_to_one_process(ref, [tmp_path / f"fsdp-{r}.npy" for r in range(world)])
 

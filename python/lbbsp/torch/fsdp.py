@@ -18,7 +18,7 @@ allreduce is."""
 import time
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -95,7 +95,9 @@ def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None
     me = weakref.ref(lb)
     hsdp = is_hsdp(model)
     timing = _StepTiming(me, lb.loss.reduction, lb.loss.orphan_weight(lb.world_size),
-                         None if hsdp or lb.clock.on_device else _scatters_a_step(model, lb.exchange.ranks))
+                         None if hsdp or lb.clock.on_device else scatters_a_step(model, lb.exchange.ranks))
+    if lb.native is not None:  # the weight, the count and the ride of _StepTiming in C++ (lbbsp.torch.native)
+        lb.native.register_fsdp(timing.scatters_a_step, lb.loss.reduction or "", lb.global_batch)
     default_all_gather, default_reduce_scatter = _default_comms()
     all_gather, reduce_scatter = _timed(default_all_gather, timing), _timed(default_reduce_scatter, timing, True)
     for m in fsdp_modules(model):
@@ -112,10 +114,17 @@ def attach(lb: "LoadBalancer", model: torch.nn.Module, check_rows: bool) -> None
         watch_rows(me, model)
 
 
-def _scatters_a_step(model: torch.nn.Module, balanced: List[int]) -> Optional[int]:
+def shard_group(model: torch.nn.Module) -> dist.ProcessGroup:
+    """The process group of a 1-D mesh (FSDP2's reduce-scatters run on it)."""
+    return _mesh(model).get_group()
+
+
+def scatters_a_step(model: torch.nn.Module, balanced: List[int]) -> Optional[int]:
     """The reduce-scatters of a step (one per FSDP parameter group) where the report can ride in the last of them:
     a 1-D mesh over the balanced ranks on gloo (the reduce-scatter's group is then theirs, in their order)."""
-    group = _mesh(model).get_group()
+    if is_hsdp(model):
+        return None
+    group = shard_group(model)
     if dist.get_backend(group) != "gloo" or group_ranks(group) != balanced:
         return None
     return sum(len(getattr(m._get_fsdp_state(), "_fsdp_param_groups", [])) for m in fsdp_modules(model)) or None
@@ -131,7 +140,7 @@ class _StepTiming:
         self._me = me
         self._orphan_weight, self._orphaned = orphan_weight, False
         self._orphan_message = orphaned_warning("FSDP", reduction)
-        self._scatters_a_step = scatters_a_step
+        self.scatters_a_step = scatters_a_step
         self._scattered = (-1, 0)  # (step, its reduce-scatters so far)
         self._rode_step = -1  # the last step whose report rode in a reduce-scatter
         self._queued_step = -1
@@ -154,16 +163,25 @@ class _StepTiming:
             warnings.warn(self._orphan_message)
         weigh(gradients, self._orphan_weight)
 
+    def in_native(self, scatter: Dict[str, Any]) -> bool:
+        """Runs the reduce-scatter in the C++ step path where there is one (it weighs, counts, and carries the
+        report in the step's last one as ride() does, and opens the next window there); whether it did."""
+        lb = self._me()
+        if lb is None or lb.native is None or scatter.get("async_op", False):
+            return False
+        lb.native.scatter(scatter["group"], scatter["output_tensor"], scatter["input_tensor"])
+        return True
+
     def rides_here(self, gradients: torch.Tensor, async_op: bool) -> bool:
         """Counts a reduce-scatter of the step: whether it is the step's last, the report to ride in it (the same
         verdict on every rank: FSDP2 runs the same reduce-scatters, of the same sizes and dtypes, everywhere)."""
         lb = self._me()
-        if lb is None or self._scatters_a_step is None:
+        if lb is None or self.scatters_a_step is None:
             return False
         k = lb.global_step
         n = self._scattered[1] + 1 if self._scattered[0] == k else 1
         self._scattered = (k, n)
-        return n == self._scatters_a_step and not async_op and not lb.exchange.launched(k) and \
+        return n == self.scatters_a_step and not async_op and not lb.exchange.launched(k) and \
             lb.exchange.can_piggyback(gradients)
 
     def ride(self, scatter: Any, output_tensor: torch.Tensor, input_tensor: torch.Tensor, **kwargs: Any) -> None:
@@ -219,6 +237,8 @@ def _timed(base: type, timing: _StepTiming, scatters: bool = False) -> Any:
             if scatters:  # (output_tensor, input_tensor, group, op): the input is this rank's unsharded gradients
                 kwargs.update(zip(("output_tensor", "input_tensor", "group", "op", "async_op"), args))
                 args = ()
+                if timing.in_native(kwargs):
+                    return None
                 timing.weigh(kwargs["input_tensor"])
                 if timing.rides_here(kwargs["input_tensor"], kwargs.get("async_op", False)):
                     timing.ride(super().__call__, **kwargs)

@@ -1,9 +1,9 @@
-"""lbbsp.torch's per-step path in C++ (native_step.cpp beside this file), for a DDP model on the CPU over gloo:
-the comm hook, the step clock, the /proc monitor's read and the report block of ddp.py, clock.HostClock and
-exchange.ReportExchange.piggyback, without Python or the GIL in the step. Those stay as its reference and the
-fall-back. It is built on first use against the installed torch (``torch.utils.cpp_extension``: a C++ compiler and
-ninja, ~30 s once, cached: build_directory()); ``LBBSP_TORCH_NATIVE=0`` keeps the Python path, ``=1``
-makes a failed build an error instead of a warning."""
+"""lbbsp.torch's per-step path in C++ (native_step.cpp beside this file), for a DDP or 1-D FSDP2 model on the CPU over
+gloo: the comm hook (FSDP2: the reduce-scatter), the step clock, the /proc monitor's read and the report block of
+ddp.py (fsdp.py), clock.HostClock and exchange.ReportExchange.piggyback, without Python or the GIL in the step.
+Those stay as its reference and the fall-back. It is built on first use against the installed torch
+(``torch.utils.cpp_extension``: a C++ compiler and ninja, ~30 s once, cached: build_directory());
+``LBBSP_TORCH_NATIVE=0`` keeps the Python path, ``=1`` makes a failed build an error instead of a warning."""
 
 import contextlib
 import hashlib
@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from . import fsdp
 from .clock import HostClock
 from .exchange import ReportExchange
 from .monitor import ResourceMonitor
@@ -98,12 +99,16 @@ def _load() -> Any:
 
 
 def attach(lb: Any, model: Any) -> Any:
-    """The C++ step path for a LoadBalancer on a host model (DDP: ddp.attach registers its hook), with its clock
-    and its report exchange; None where it does not apply (no model, FSDP2, CUDA, micro-batches, see make())."""
-    if model is None or lb._sharded or lb.clock.on_device or lb.micro_batches != 1:
+    """The C++ step path for a LoadBalancer on a host model, with its clock and its report exchange (ddp.attach
+    registers its hook; fsdp.attach sends FSDP2's reduce-scatters through it where the report rides in the last
+    one); None where it does not apply (no model, CUDA, micro-batches, HSDP, see make())."""
+    if model is None or lb.clock.on_device or lb.micro_batches != 1:
         return None
-    state = make(lb.rank, lb.world_size, lb._resources or lb._monitor, model, ReportExchange.PIGGYBACK_MAX_BYTES,
-                 lb._decisions.report_errors)
+    if lb._sharded and fsdp.scatters_a_step(model, lb.exchange.ranks) is None:
+        return None
+    group = fsdp.shard_group(model) if lb._sharded else getattr(model, "process_group", None) or dist.group.WORLD
+    state = make(lb.rank, lb.world_size, lb._resources or lb._monitor, group, ReportExchange.PIGGYBACK_MAX_BYTES,
+                 lb._decisions.report_errors, getattr(model, "_use_python_reducer", False))
     if state is not None:
         lb.clock = NativeClock(state)
         lb.exchange.native = state
@@ -163,13 +168,13 @@ def decide_step(lb: Any, k: int, now: float) -> bool:
     return True
 
 
-def make(rank: int, world: int, monitor: Any, model: Any, piggyback_max_bytes: int,
-         errors: Dict[int, BaseException]) -> Any:
-    """A NativeStep for this rank's DDP model, or None where the C++ path does not apply (a backend other than
-    gloo, DDP's Python reducer) or does not build. ``monitor``: lbbsp's ResourceMonitor (read in C++) or any
-    callable (read with the GIL, as the Python hook does; its errors go to ``errors`` by step)."""
-    group = getattr(model, "process_group", None) or dist.group.WORLD
-    if dist.get_backend(group) != "gloo" or getattr(model, "_use_python_reducer", False):
+def make(rank: int, world: int, monitor: Any, group: Any, piggyback_max_bytes: int,
+         errors: Dict[int, BaseException], python_reducer: bool = False) -> Any:
+    """A NativeStep for this rank's model whose gradients ``group`` reduces, or None where the C++ path does not
+    apply (a backend other than gloo, DDP's Python reducer) or does not build. ``monitor``: lbbsp's
+    ResourceMonitor (read in C++) or any callable (read with the GIL, as the Python hook does; its errors go to
+    ``errors`` by step)."""
+    if dist.get_backend(group) != "gloo" or python_reducer:
         return None
     ext = extension()
     if ext is None:

@@ -5,7 +5,8 @@
 // bucket's allreduce and opens the next window when the allreduce completes, without Python or the GIL. In
 // Python those were ~15 calls of 5-80 us a step on the rank's own core (docs/results/torch.md). Built on
 // first use against the installed torch by lbbsp/torch/native.py (torch.utils.cpp_extension), which says what
-// it mirrors.
+// it mirrors. For FSDP2 (a 1-D mesh) the same in its reduce-scatter, called from Python (fsdp.py's
+// _StepTiming is the reference): the weight, and the report beside each rank's chunk of the step's last one.
 #include <pybind11/numpy.h>
 #include <time.h>
 #include <torch/extension.h>
@@ -297,6 +298,33 @@ class StepState {
   }
   void note_scaled(int64_t step) { scaled_step_ = step; }
 
+  // ---- FSDP2's reduce-scatter (fsdp.py's _StepTiming: weigh, rides_here, ride) ----
+  // `n`: the reduce-scatters of a step (one per FSDP parameter group); the report rides in the n-th.
+  void set_scatters_a_step(int64_t n) {
+    std::lock_guard<std::mutex> g(mu_);
+    scatters_a_step_ = n;
+  }
+  // This rank's unsharded gradients `input` weighted, then reduced (SUM) and scattered into its shard
+  // `output`, blocking: the time in it is this rank's waiting. The step's last one carries the report.
+  void scatter(const Group& group, at::Tensor& output, at::Tensor& input) {
+    weigh(input);
+    std::unique_lock<std::mutex> g(mu_);
+    const int64_t k = step_;
+    backward_step_ = k;
+    scattered_ = scattered_step_ == k ? scattered_ + 1 : 1;
+    scattered_step_ = k;
+    const bool rides = !detached_ && scattered_ == scatters_a_step_ && sent_step_ != k && small(input);
+    if (rides) sent_step_ = k;
+    g.unlock();
+    const double ready_s = now_s();
+    if (rides) {
+      ride(group, output, input, k, ready_s);
+      return;
+    }
+    reduce_scatter(group, output, input);
+    add_wait(now_s() - ready_s);
+  }
+
   const int64_t rank_, world_;
   // read by Python between steps while gloo's and autograd's threads may still write: atomics
   std::atomic<int64_t> rides_{0}, separate_{0}, blocks_made_{0};
@@ -379,13 +407,11 @@ class StepState {
                  const std::optional<Exo>& exo) {
     std::unique_lock<std::mutex> g(mu_);
     const std::vector<double> row = report_locked(k, ready_s, exo);
-    const bool small = (tensor.scalar_type() == at::kFloat || tensor.scalar_type() == at::kDouble) &&
-                       static_cast<int64_t>(tensor.numel() * tensor.element_size()) <= piggyback_max_bytes_;
-    at::Tensor block = spare_block(piggybacks_ && small ? tensor.scalar_type() : at::kDouble);
+    const bool rides = piggybacks_ && small(tensor);
+    at::Tensor block = spare_block(rides ? tensor.scalar_type() : at::kDouble);
     write_block(block, row);
     g.unlock();
-    c10::intrusive_ptr<c10d::Work> work =
-        piggybacks_ && small ? allreduce_both(group, tensor, block) : nullptr;
+    c10::intrusive_ptr<c10d::Work> work = rides ? allreduce_both(group, tensor, block) : nullptr;
     const bool rode = static_cast<bool>(work);
     FuturePtr done;
     if (rode) {
@@ -402,6 +428,56 @@ class StepState {
     (rode ? rides_ : separate_) += 1;
     flights_[k] = Flight{work, rode ? done : work->getFuture(), block};
     return done;
+  }
+
+  bool small(const at::Tensor& tensor) const {
+    return (tensor.scalar_type() == at::kFloat || tensor.scalar_type() == at::kDouble) &&
+           static_cast<int64_t>(tensor.numel() * tensor.element_size()) <= piggyback_max_bytes_;
+  }
+
+  // Step k's report as a block beside each rank's chunk of the reduce-scatter's input (this rank's row, zeros
+  // elsewhere): the SUM hands every rank its shard and every rank's report, in one collective. The next
+  // window opens as it returns, as DDP's does when the last bucket's allreduce completes.
+  void ride(const Group& group, at::Tensor& output, const at::Tensor& input, int64_t k, double ready_s) {
+    const std::optional<Exo> exo = read_exo(k, ready_s);
+    const int64_t shard = output.numel(), extra = world_ * (layout_.width + 1);
+    at::Tensor wide_in = at::empty({world_, shard + extra}, input.options());
+    wide_in.narrow(1, 0, shard).copy_(input.view({world_, shard}));
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      at::Tensor block = spare_block(input.scalar_type());  // take() gives the last one back
+      write_block(block, report_locked(k, ready_s, exo));
+      wide_in.narrow(1, shard, extra).copy_(block.view({1, extra}));
+    }
+    at::Tensor wide_out = at::empty({shard + extra}, input.options());
+    at::Tensor wide_view = wide_in.view({-1});
+    c10::intrusive_ptr<c10d::Work> work = reduce_scatter(group, wide_out, wide_view);
+    const double left_s = now_s();
+    output.copy_(wide_out.narrow(0, 0, shard));
+    std::lock_guard<std::mutex> g(mu_);
+    restart_locked(left_s);
+    ++rides_;
+    auto done = c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get());  // gloo's has no future
+    done->markCompleted(c10::IValue());
+    flights_[k] = Flight{work, done, wide_out.narrow(0, shard, extra).view({world_, -1})};
+  }
+
+  // The reduce-scatter, done when it returns. The GIL released (FSDP2 calls it from Python) for the launch
+  // too, as torch's Python bindings do: gloo's threads finishing a collective in flight (an all-gather FSDP2
+  // prefetched) may need it.
+  static c10::intrusive_ptr<c10d::Work> reduce_scatter(const Group& group, at::Tensor& output,
+                                                       at::Tensor& input) {
+    pybind11::gil_scoped_release nogil;
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d::ReduceOp::SUM;
+    opts.asyncOp = false;  // as dist.reduce_scatter_single(async_op=False), which FSDP2 calls
+    // _reduce_scatter_base is deprecated for its new name (reduce_scatter_single) from torch 2.15 on
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    c10::intrusive_ptr<c10d::Work> work = group->_reduce_scatter_base(output, input, opts);
+#pragma GCC diagnostic pop
+    work->wait();
+    return work;
   }
 
   // The coalesced allreduce of the bucket and the block, or null where the backend refuses it (before
@@ -424,7 +500,9 @@ class StepState {
     wait_s_ = untimed_s_ = 0.0;
     started_s_ = now;
   }
-  double window_locked(double now) const { return std::max(0.0, now - started_s_ - wait_s_ - untimed_s_); }
+  double window_locked(double now) const {
+    return std::max(0.0, now - started_s_ - wait_s_ - untimed_s_);
+  }
 
   // HostClock._on_this_batch: the part of the window after the last barrier (step k-1's work after backward)
   // scaled to step k's batch, the ratio bounded to [1/4, 4].
@@ -561,6 +639,8 @@ class StepState {
   double after_s_ = 0;
   // the armed step, and the last one whose report left from here
   int64_t step_ = -1, batch_ = 0, sent_step_ = -1;
+  // FSDP2: the reduce-scatters of a step, and of the step so far
+  int64_t scatters_a_step_ = 0, scattered_step_ = -1, scattered_ = 0;
   double checksum_ = 0;
   // the decided batch vectors (and checksums) of the armed step and the lag steps after it
   std::map<int64_t, std::pair<std::vector<int64_t>, double>> decided_;
@@ -670,6 +750,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           },
           py::arg("reducer"), py::arg("group"), py::arg("orphan_warning"), py::arg("reduction") = "",
           py::arg("global_batch") = 0)
+      .def(
+          "register_fsdp",
+          [](Handle& h, int64_t scatters_a_step, std::string reduction, int64_t global_batch) {
+            h.state->set_weighting(reduction, global_batch);
+            h.state->set_scatters_a_step(scatters_a_step);
+          },
+          py::arg("scatters_a_step"), py::arg("reduction") = "", py::arg("global_batch") = 0)
+      .def("scatter", [](Handle& h, py::object group, at::Tensor output,
+                         at::Tensor input) { h.state->scatter(group.cast<Group>(), output, input); })
       .def("note_scaled", [](Handle& h, int64_t step) { h.state->note_scaled(step); })
       .def("restart", [](Handle& h, double now) { h.state->restart(now); })
       .def("reset", [](Handle& h, double now) { h.state->reset(now); })
