@@ -203,11 +203,12 @@ def native_expected(path="auto"):
     return path != "0" and int(torch.__version__.split(".")[0]) >= 2
 
 
-def one_process(steps, global_batch, seed=3, l2=0.0, mean=False, momentum=0.9):
+def one_process(steps, global_batch, seed=3, l2=0.0, mean=False, momentum=0.9, frozen=0):
     """One process on the same global batches: the summed loss / X, or (mean=True) the mean loss + l2 x the
-    squared parameters."""
+    squared parameters; the first ``frozen`` layers not trained."""
     x, y = data()
     model = make_model()
+    model[:frozen].requires_grad_(False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
     per_epoch = lbbsp.steps_per_epoch(N, global_batch)
     for g in range(steps):

@@ -96,6 +96,42 @@ def test_fsdp_equals_one_process(tmp_path, world, hsdp, lag, micro, compiled, pa
     assert_equal_to_one_process(ref, [tmp_path / f"fsdp-{r}.npy" for r in range(world)])
 
 
+def _frozen_worker(rank, world, store, out, path):
+    """The first layer frozen: backward never reaches it, so a step has fewer reduce-scatters than FSDP groups."""
+    init(rank, world, store)
+    os.environ["LBBSP_TORCH_NATIVE"] = path
+    x, y = data()
+    net = make_model()
+    net[0].requires_grad_(False)
+    model = shard(net, world)
+    lb = LoadBalancer(model, dataset_size=N, global_batch=24, balancer="random:5", seed=3, monitor=fixed_metrics)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+    steps = 2 * lb.steps_per_epoch
+    for g in range(steps):
+        idx = torch.from_numpy(lb.indices(*divmod(g, lb.steps_per_epoch)))
+        lb.scale(F.cross_entropy(model(x[idx]), y[idx], reduction="sum"), reduction="sum").backward()
+        opt.step()
+        opt.zero_grad()
+        lb.step()
+    np.save(os.path.join(out, f"fsdp-{rank}.npy"), full_params(model))
+    dump_rank(out, "frozen", rank, {"steps": steps, "rides": lb.exchange.rides, "gathers": lb.exchange.gathers,
+                                    "native": lb.native is not None})
+    finish()
+
+
+@pytest.mark.parametrize("path", ["auto", "0"], ids=["native", "python"])
+def test_fsdp_frozen_layer_report_leaves_without_riding(tmp_path, path):
+    """Where a step runs fewer reduce-scatters than the model has FSDP groups (a frozen layer), no reduce-scatter is
+    the step's last by count: the report never rides, it takes the all-gather (from step() on the C++ path, at the
+    end of backward on the Python one), every step, and training equals one process with that layer frozen."""
+    spawn(_frozen_worker, 3, tmp_path, path)
+    got = load_ranks(tmp_path, "frozen", 3)
+    assert all(g["rides"] == 0 and g["gathers"] == g["steps"] for g in got), got
+    assert all(g["native"] == native_expected(path) for g in got), got
+    ref = one_process(got[0]["steps"], 24, frozen=1)
+    assert_equal_to_one_process(ref, [tmp_path / f"fsdp-{r}.npy" for r in range(3)])
+
+
 def _mixed_worker(rank, world, store, out):
     init(rank, world, store)
     x, _ = data()
