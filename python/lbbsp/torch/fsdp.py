@@ -13,7 +13,8 @@ The report rides in the step's last reduce-scatter where that is one gloo group 
 on the CPU), else leaves at the end of backward in the control group's asynchronous all-gather; either way the next
 step's window opens at the end of backward (an autograd engine callback queued at the step's first reduce-scatter,
 so it runs after FSDP's own final callback): on the host the last reduce-scatter is the step's barrier, as DDP's
-allreduce is."""
+allreduce is. Where lbbsp.torch.native applies (a 1-D gloo mesh, PyTorch 2.x) each reduce-scatter is one C++ call
+doing what _StepTiming's weigh, rides_here and ride do here (the reference), the next window opened as it returns."""
 
 import time
 import warnings
