@@ -14,7 +14,6 @@ def gather(value):
     return torch.cat(outs).numpy()
 
 
-
 def largest_remainder(weights, total):
     """Integer sizes proportional to weights, summing to total, each >= 1."""
     w = np.maximum(np.asarray(weights, dtype=np.float64), 1e-12)

@@ -1,6 +1,7 @@
 """lbbsp.torch over FSDP2 (fully_shard per block and at the root) and HSDP (a 2-D mesh, replicate x shard) on gloo
 process groups: exact against one process with zero-size slices (3 and 4 ranks, float64), with gradient
-accumulation, the report riding in the last reduce-scatter (HSDP: its all-gather), with bf16 parameters; a rank
+accumulation, the report riding in the last reduce-scatter (HSDP: its all-gather), on lbbsp.torch's C++ step path
+and its Python one, a frozen layer's steps sending the report without riding, with bf16 parameters; a rank
 slowed in data loading, forward or after backward gets fewer samples (its waits in every all-gather and
 reduce-scatter not counted as work); 4 ranks of capacities 1, 1, 0.5, 0.25 split as their capacities; the settings
 FSDP2 needs set by the LoadBalancer and a contradicting one refused; torch.distributed.checkpoint with the sharded
