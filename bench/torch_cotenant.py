@@ -136,6 +136,15 @@ def timed(base, clock):
     return Timed
 
 
+def timed_call(blocking, clock):
+    """``blocking`` (a collective that returns when done) whose every call adds to clock's waits."""
+    def timed(*args):
+        t0 = time.perf_counter()
+        blocking(*args)
+        clock.wait(time.perf_counter() - t0)
+    return timed
+
+
 def shard(model):
     """FSDP2 as torchtitan applies it: every convolution and linear layer, then the root, over the two ranks."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -175,6 +184,8 @@ def rank_main(rank, world, port, runner, a, out):
         if a.fsdp:  # its own timed collectives: the waits it counts are the clock's too
             add_wait = lb.clock.add_wait
             lb.clock.add_wait = lambda seconds: (clock.wait(seconds), add_wait(seconds))
+            if lb.native is not None:  # the C++ path counts its reduce-scatters' waits in C++: timed here too
+                lb.native.scatter = timed_call(lb.native.scatter, clock)
     else:
         if a.fsdp:
             clock.time_collectives(ddp)
