@@ -200,6 +200,30 @@ def test_lightning_refuses_what_breaks_the_invariant():
         LoadBalancedDDP(ddp_comm_hook=lambda state, bucket: None)
 
 
+def test_figures_logged_at_the_steps_lightning_writes():
+    """The callback logs the figures once per optimizer step that Lightning's loggers write (every
+    log_every_n_steps, and the first step so callback_metrics has them), not at every step or micro-batch: each
+    self.log call costs Lightning ~2 ms of CPU for the six figures."""
+    from types import SimpleNamespace
+
+    from lbbsp.lightning import LoadBalancerCallback
+    lb = SimpleNamespace(stepped=True, figures=lambda: {"lbbsp/batch_size": 4.0})
+    logged = []
+    module = SimpleNamespace(log_dict=lambda d, **kw: logged.append((trainer.global_step, kw["on_step"])))
+    callback = LoadBalancerCallback(SimpleNamespace(load_balancer=lb))
+    trainer = SimpleNamespace(log_every_n_steps=5, global_step=0, should_stop=False)
+    for step in range(1, 13):
+        trainer.global_step = step
+        for _micro_batch in range(2):  # accumulate_grad_batches=2: on_train_batch_end twice at the same step
+            callback.on_train_batch_end(trainer, module, None, None, 0)
+    assert logged == [(1, True), (5, True), (10, True)], logged
+    trainer.should_stop, trainer.global_step = True, 13  # the last step of a stopped run is written too
+    callback.on_train_batch_end(trainer, module, None, None, 0)
+    trainer.log_every_n_steps, trainer.global_step = 0, 15  # Lightning writes no logs: none made
+    callback.on_train_batch_end(trainer, module, None, None, 0)
+    assert logged[3:] == [(13, True)], logged
+
+
 def _fit(out, ckpt_path=None, **trainer_kwargs):
     strategy = LoadBalancedDDP(balancer="random:7", seed=3, monitor=fixed_metrics, start_method=resolved_start_method())
     kwargs = dict(accelerator="cpu", devices=3, strategy=strategy, max_epochs=2, precision="64-true", logger=False,
