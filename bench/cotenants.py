@@ -57,14 +57,14 @@ def run(kind: str, core: int, period: float, tick: float, anchor: Any = None) ->
             time.sleep(max(0.0, t0 + (2 * cycle + 2) * period - time.perf_counter()))
     elif kind == "trace":
         shares = trace_shares()
+        t0 = time.perf_counter()
         if anchor is not None:
-            anchor[:] = [time.perf_counter(), time.time()]
-        while True:
-            for u in shares:
-                end = time.perf_counter() + tick
-                while time.perf_counter() < end:  # u of each 10 ms slice busy
-                    spin_until(time.perf_counter() + 0.01 * u)
-                    time.sleep(0.01 * (1.0 - u))
+            anchor[:] = [t0, time.time()]
+        for i in itertools.count():  # sample i from t0 + i * tick on, on time (phases() labels the steps so)
+            u, end = shares[i % len(shares)], t0 + (i + 1) * tick
+            while time.perf_counter() < end:  # u of each 10 ms slice busy
+                spin_until(min(end, time.perf_counter() + 0.01 * u))
+                time.sleep(max(0.0, min(0.01 * (1.0 - u), end - time.perf_counter())))
     elif kind == "membw":
         a, b = np.ones(1 << 23), np.empty(1 << 23)
         while True:
@@ -93,6 +93,17 @@ def start_of(tenant: Optional[multiprocessing.Process], unix: bool = False) -> O
         return None
     value = float(tenant.anchor[1 if unix else 0])
     return None if value != value else value  # NaN: not set
+
+
+def phases(kind: str, t: np.ndarray, start: Optional[float], period: float, tick: float) -> np.ndarray:
+    """The co-tenant's phase at each time in ``t`` (the clock of ``start``, start_of()'s), as integers: onoff 0
+    (spinning) or 1 (idle), trace the index of the sample being burnt, 0 for the kinds that do not change (and
+    where ``start`` is None)."""
+    if start is None or kind not in ("onoff", "trace"):
+        return np.zeros(len(t), dtype=np.int64)
+    if kind == "onoff":
+        return (np.floor((t - start) / period) % 2).astype(np.int64)
+    return np.floor((t - start) / tick).astype(np.int64)
 
 
 def counted(end: np.ndarray, first: int, lo_s: float, hi_s: float) -> Tuple[int, int]:

@@ -1,6 +1,7 @@
 """What the co-tenant benchmarks (torch_cotenant.py, train_cotenant.py) compare every controller with: per step,
-the oracle split of the ranks' measured speeds, and the best causal split of the same speeds (what a controller
-deciding each step from the steps before it could reach). NumPy only."""
+the oracle split of the ranks' measured speeds, the best causal split of the same speeds (what a controller
+deciding each step from the steps before it could reach), and the split by each co-tenant phase's mean speeds (the
+ideal as issue #51 words it: from each rank's speed alone and under its co-tenant). NumPy only."""
 
 from typing import Iterator
 
@@ -31,3 +32,17 @@ def above_oracle(speeds: np.ndarray, predicted: np.ndarray, total: int) -> float
 def causal_above_oracle(speeds: np.ndarray, total: int) -> float:
     """The best causal split's mean seconds a step above the oracle (the least over causal_predictions)."""
     return min(above_oracle(speeds, p, total) for p in causal_predictions(speeds))
+
+
+def by_phase_above_oracle(speeds: np.ndarray, phase: np.ndarray, total: int) -> float:
+    """The ideal from each rank's speed alone and under its co-tenant: mean seconds a step's slower rank computes
+    above the oracle when each step is split by its co-tenant phase's mean speeds (``phase``: one integer a step,
+    cotenants.phases()), the ranks at their measured speeds of that step. It knows when each phase begins, not a
+    step's noise. The mean speed of a phase is the harmonic mean of its steps' (samples over seconds at an equal
+    split)."""
+    mean = np.empty_like(speeds)
+    for p in np.unique(phase):
+        m = phase == p
+        mean[:, m] = (1.0 / (1.0 / speeds[:, m]).mean(axis=1))[:, None]
+    split = total * mean / mean.sum(axis=0)
+    return float(((split / speeds).max(axis=0) - total / speeds.sum(axis=0)).mean())

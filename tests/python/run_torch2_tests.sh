@@ -48,10 +48,11 @@ LBBSP_TORCH_NATIVE=1 "$VENV/bin/python" -c "from lbbsp.torch import native; nati
   { echo "FAIL: lbbsp.torch's C++ step path did not build (needs g++ and ninja: scripts/setup.sh)" >&2; exit 1; }
 # One test per core at a time (pytest-xdist): most of a test's time is its ranks starting and waiting on each
 # other, and none races the clock (docs/testing.md).
-# Every tests/python/test_*.py but the core's (test_package.py, test_replay.py: python.package runs them), by its
-# path in the tree: pytest puts tests/python on sys.path, where the test modules find harness.py.
+# Every tests/python/test_*.py but the core's and the benchmarks' (test_package.py, test_replay.py,
+# test_bench_oracle.py: python.package runs them), by its path in the tree: pytest puts tests/python on sys.path,
+# where the test modules find harness.py.
 tests=()
 for f in "$SRC"/tests/python/test_*.py; do
-  case ${f##*/} in test_package.py | test_replay.py) ;; *) tests+=("$f") ;; esac
+  case ${f##*/} in test_package.py | test_replay.py | test_bench_oracle.py) ;; *) tests+=("$f") ;; esac
 done
 LBBSP_BIN=$LBBSP "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "$(nproc)" "${tests[@]}"
