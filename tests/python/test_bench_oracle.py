@@ -7,8 +7,8 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-import cotenants  # noqa: E402
-import oracle_split  # noqa: E402
+import cotenants
+import oracle_split
 
 
 def _onoff_speeds(steps=400, period=40, noise=0.1, seed=3):
