@@ -24,9 +24,14 @@ def above_oracle(speeds: np.ndarray, predicted: np.ndarray, total: int) -> float
     """Mean seconds a step's slower rank computes above the oracle split of ``total`` samples when each step
     t >= 1 is split in proportion to ``predicted`` (made before it), the ranks at their measured speeds of that
     step (``speeds``: ranks x steps, samples/s)."""
-    s = speeds[:, 1:]
-    b = total * predicted / predicted.sum(axis=0)
-    return float(((b / s).max(axis=0) - total / s.sum(axis=0)).mean())
+    return split_above_oracle(speeds[:, 1:], predicted, total)
+
+
+def split_above_oracle(speeds: np.ndarray, weights: np.ndarray, total: int) -> float:
+    """Mean seconds a step's slower rank computes above the oracle split of ``total`` samples when each step is
+    split in proportion to ``weights`` (ranks x steps, as ``speeds``), the ranks at their measured speeds."""
+    b = total * weights / weights.sum(axis=0)
+    return float(((b / speeds).max(axis=0) - total / speeds.sum(axis=0)).mean())
 
 
 def causal_above_oracle(speeds: np.ndarray, total: int) -> float:
@@ -44,5 +49,10 @@ def by_phase_above_oracle(speeds: np.ndarray, phase: np.ndarray, total: int) -> 
     for p in np.unique(phase):
         m = phase == p
         mean[:, m] = (1.0 / (1.0 / speeds[:, m]).mean(axis=1))[:, None]
-    split = total * mean / mean.sum(axis=0)
-    return float(((split / speeds).max(axis=0) - total / speeds.sum(axis=0)).mean())
+    return split_above_oracle(speeds, mean, total)
+
+
+def of_ideal(speedup: float, ideal: float, floor: float) -> float:
+    """The fraction of an ideal speed-up reached, (speedup - 1) / (ideal - 1); NaN where the ideal is within
+    ``floor`` of 1 (noise over noise)."""
+    return (speedup - 1) / (ideal - 1) if ideal > 1 + floor else float("nan")

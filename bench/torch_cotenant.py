@@ -330,7 +330,7 @@ def table(results, a):
     lines = [f"scenario {a.scenario}: {a.repeats} rounds of {a.steps} steps (first {a.warmup} not counted{window}); "
              f"ideal speed-up over plain {ideal:.2f}x (the per-step oracle split of plain's measured speeds); the best "
              f"causal split of the same speeds (last step's or an EMA's, replayed) {reachable:.2f}x, "
-             f"{(reachable - 1) / (ideal - 1) if ideal > 1.0001 else float('nan'):.2f} of the ideal, "
+             f"{oracle_split.of_ideal(reachable, ideal, 0.0001):.2f} of the ideal, "
              f"{np.mean(causal):.1f} ms a step above the oracle; the ideal by phase (each rank's mean speed alone "
              f"and under its co-tenant, in each of its phases: on/off, a trace sample, else one) {by_phase:.2f}x",
              "", "| runner | mean step ms (min-max) | vs plain | of ideal | of ideal by phase | compute ms above its "
@@ -340,8 +340,7 @@ def table(results, a):
     for runner, rs in results.items():
         ms = [r["step_ms"] for r in rs]
         speedup = np.mean(plain) / np.mean(ms)
-        of_ideal = (speedup - 1) / (ideal - 1) if ideal > 1.01 else float("nan")  # else noise over noise
-        of_phase = (speedup - 1) / (by_phase - 1) if by_phase > 1.01 else float("nan")
+        of_ideal, of_phase = oracle_split.of_ideal(speedup, ideal, 0.01), oracle_split.of_ideal(speedup, by_phase, 0.01)
         lb_us = f"{np.mean([r['lb_step_us'] for r in rs]):.0f}" if "lb_step_us" in rs[0] else ""
         cpu = np.mean([r["cpu_ms"] for r in rs])
         lines.append(f"| {runner} | {np.mean(ms):.1f} ({min(ms):.1f}-{max(ms):.1f}) | {speedup:.2f}x | "

@@ -130,8 +130,7 @@ def table(results: dict) -> str:
     for name, runs in results.items():
         ms = [r["iteration"] * 1e3 for r in runs]
         speedup = base * 1e3 / np.mean(ms)
-        of_ideal = (speedup - 1) / (ideal - 1) if ideal > 1.03 else math.nan  # else noise over noise
-        of_phase = (speedup - 1) / (by_phase - 1) if by_phase > 1.03 else math.nan
+        of_ideal, of_phase = oracle_split.of_ideal(speedup, ideal, 0.03), oracle_split.of_ideal(speedup, by_phase, 0.03)
         above = np.mean([(r["slowest"] - r["ideal"]) * 1e3 for r in runs])
         whole = np.mean([(r["iteration"] - r["ideal"]) * 1e3 for r in runs])
         rows.append(f"| {name} | {np.mean(ms):.1f} ({min(ms):.1f}-{max(ms):.1f}) | {speedup:.2f}x | {of_ideal:.2f} | "
@@ -140,7 +139,7 @@ def table(results: dict) -> str:
     reachable = base / np.mean([r["iteration"] - r["slowest"] + r["ideal"] + r["causal"] for r in bsp])
     return "\n".join(rows) + (
         f"\n\nideal speed-up over bsp: {ideal:.2f}x; the best causal split of bsp's speeds (last iteration's or an "
-        f"EMA's, replayed): {reachable:.2f}x, {(reachable - 1) / (ideal - 1) if ideal > 1.03 else math.nan:.2f} of "
+        f"EMA's, replayed): {reachable:.2f}x, {oracle_split.of_ideal(reachable, ideal, 0.03):.2f} of "
         f"the ideal, {1e3 * np.mean([r['causal'] for r in bsp]):.1f} ms an iteration above the oracle; the ideal by "
         f"phase (each rank's mean speed alone and under its co-tenant, in each of its phases: on/off, a trace sample, "
         f"else one): {by_phase:.2f}x")
